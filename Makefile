@@ -1,0 +1,46 @@
+# The two commands: `make reproduce` (the article's results, our numbers) and `make test`.
+# Both create or reuse .venv and install what is missing (a stamp file makes a second run quick).
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# On Linux x86-64 take torch 2.13.0, whose CPU build lies on these machines' disk; elsewhere any
+# recent torch (override with `make TORCH=torch ...`).
+TORCH ?= $(if $(filter Linux-x86_64,$(shell uname -s)-$(shell uname -m)),torch==2.13.0,torch)
+MODEL ?= bundled
+
+.PHONY: setup test reproduce bench-detok lint format clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --quiet "$(TORCH)"
+	$(BIN)/pip install --quiet -e ".[test,dev]"
+	touch $@
+
+test: $(STAMP)
+	PYTHONASYNCIODEBUG=1 $(BIN)/python -m pytest
+
+reproduce: $(STAMP)
+	@echo "== split_chars.py: a character split across tokens"
+	$(BIN)/python split_chars.py --model $(MODEL)
+	@echo "== event_bytes.py: what one piece of text costs on the wire"
+	$(BIN)/python event_bytes.py
+	@echo "== reading_speed.py: is generation faster than reading?"
+	$(BIN)/python reading_speed.py --model $(MODEL)
+
+bench-detok: $(STAMP)
+	$(BIN)/python bench_detok.py
+
+lint: $(STAMP)
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) results .pytest_cache

