@@ -1,0 +1,488 @@
+"""The article's streaming server: HTTP/1.1, SSE and WebSocket on asyncio, no framework.
+
+    python server.py [--naive] [--host 127.0.0.1] [--port 8765] [--model NAME] ...
+
+POST /complete answers with the whole text as JSON at the end; POST /stream sends server-sent
+events, `data: {"text": piece}` per piece then `data: [DONE]`; GET /ws opens a WebSocket
+(first message {"prompt", "max_tokens"}, then {"text"} messages, {"done": true}, a close 1000;
+the client may send {"stop": true}). GET /log is the record of finished requests, a list of
+[path, generated_tokens, client_left_early]; GET /metrics counts what is running now.
+
+Generation runs in a thread per request (generation.py). Without --naive the server stops it
+the moment the reader leaves: end-of-file or a failed write on /stream and /complete, a stop
+message, close frame or end-of-file on /ws. With --naive it is the article's naive server, which
+notices nothing and generates every token for nobody.
+
+This file only reads, writes and dispatches: parsing and framing live in http11.py, sse.py and
+ws.py, and every ProtocolError becomes a response in one place per protocol (`fail`). Leaves out:
+keep-alive (every response closes its connection, so an SSE stream ends with the connection, as
+in the article), TLS, HTTP/2, and chunked request bodies.
+"""
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+import threading
+import time
+
+import lm
+import sse
+import ws
+from generation import ACTIVE, Job, encode_prompt, parse_params
+from http11 import REQUEST_TIMEOUT, ProtocolError, RequestParser, error_body, error_response, json_response
+
+ROUTES = {"/complete": "POST", "/stream": "POST", "/ws": "GET", "/log": "GET", "/metrics": "GET"}
+SSE_HEAD = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+    b"X-Accel-Buffering: no\r\nConnection: close\r\n\r\n"
+)
+CLOSE_WAIT = 2.0  # seconds to wait for the peer's close frame before closing TCP anyway (RFC 6455 §7.1.1)
+READ_SIZE = 65536
+
+
+class Connection:
+    """One client: its streams, and whether the response has started (after which an error can
+    no longer be an HTTP status)."""
+
+    def __init__(self, reader, writer):
+        self.reader, self.writer = reader, writer
+        self.started = False
+        self.ws = None
+
+
+class Server:
+    def __init__(self, args):
+        self.args = args
+        self.log = []  # [path, generated tokens, client left early], one per finished request
+        self.connections = set()  # handler tasks
+        self.websockets = set()  # open WebSocket sessions, closed with 1001 at shutdown
+        self.served = 0
+
+    # --- the connection: read one request, dispatch, turn errors into responses ------------
+
+    async def handle(self, reader, writer):
+        task = asyncio.current_task()
+        self.connections.add(task)
+        conn = Connection(reader, writer)
+        try:
+            request, trailing = await self.read_request(conn)
+            if request is not None:
+                self.served += 1
+                await self.dispatch(conn, request, trailing)
+        except ProtocolError as e:
+            await self.fail(conn, e)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        except asyncio.CancelledError:
+            if conn.ws is not None:
+                await conn.ws.close(1001, "server shutting down")
+        except Exception as e:  # noqa: BLE001 - a bug must cost one request, not the server
+            print(f"internal error: {e!r}", file=sys.stderr, flush=True)
+            await self.fail(conn, ProtocolError(f"internal error: {e}", 500, close_code=1011))
+        finally:
+            self.connections.discard(task)
+            writer.close()
+            try:
+                await writer.wait_closed()
+            except (ConnectionError, asyncio.CancelledError):
+                pass
+
+    async def fail(self, conn, err):
+        """The one place a ProtocolError becomes what the client sees."""
+        try:
+            if conn.ws is not None:
+                await conn.ws.close(err.close_code, err.message)
+            elif not conn.started:
+                conn.writer.write(error_response(err))
+                await conn.writer.drain()
+        except ConnectionError:
+            pass
+
+    async def read_request(self, conn):
+        """The request and any bytes after it; (None, b'') if the client left first; 408 if slow."""
+        parser, continued = RequestParser(), False
+
+        async def read():
+            nonlocal continued
+            while (request := parser.next_request()) is None:
+                if parser.expects_continue() and not continued:
+                    conn.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                    continued = True
+                data = await conn.reader.read(READ_SIZE)
+                if not data:
+                    return None
+                parser.feed(data)
+            return request
+
+        try:
+            request = await asyncio.wait_for(read(), self.args.request_timeout)
+        except asyncio.TimeoutError:
+            raise ProtocolError(f"the request took over {self.args.request_timeout:g} s to arrive", 408) from None
+        return request, parser.trailing
+
+    async def dispatch(self, conn, request, trailing):
+        method = ROUTES.get(request.path)
+        if method is None:
+            raise ProtocolError(f"no such path: {request.path}", 404)
+        if request.method != method:
+            raise ProtocolError(f"{request.path} takes {method}", 405, headers=[("Allow", method)])
+        if request.path == "/log":
+            conn.writer.write(json_response(200, self.log))
+        elif request.path == "/metrics":
+            conn.writer.write(json_response(200, self.metrics()))
+        elif request.path == "/ws":
+            await self.websocket(conn, request, trailing)
+        else:
+            params = parse_params(request.json())
+            ids = await asyncio.to_thread(encode_prompt, params)
+            job = self.job(ids, params)
+            try:
+                if request.path == "/complete":
+                    await self.complete(conn, job)
+                else:
+                    await self.stream(conn, job)
+            finally:
+                job.stop.set()  # whatever happened, this request's thread must end
+        await conn.writer.drain()
+
+    def job(self, ids, params):
+        a = self.args
+        return Job(ids, params, queue_size=a.queue, token_delay=a.token_delay, fail_after=a.fail_after).start()
+
+    def metrics(self):
+        return {
+            "active_generations": len(ACTIVE),
+            "generation_threads": sum(t.name == "generate" for t in threading.enumerate()),
+            "open_connections": len(self.connections),
+            "requests_served": self.served,
+            "requests_logged": len(self.log),
+        }
+
+    def record(self, path, produced, left, what="client left early"):
+        self.log.append([path, produced, left])
+        print(f"{path}: generated {produced} tokens, {what}: {left}", flush=True)
+
+    # --- writing, and noticing the reader leaving -------------------------------------------
+
+    async def send(self, conn, data):
+        """Write and drain; False if the client is gone or cannot take it for --write-timeout."""
+        if conn.writer.transport.is_closing():
+            return False
+        conn.writer.write(data)
+        try:
+            await asyncio.wait_for(conn.writer.drain(), self.args.write_timeout)
+        except asyncio.TimeoutError:
+            conn.writer.transport.abort()  # a reader that stopped reading: drop it
+            return False
+        except ConnectionError:
+            return False
+        return True
+
+    async def watch(self, conn, job):
+        """End-of-file on the request side means the client closed: stop at once.
+        (A client that half-closes after its request looks the same: see the README.)"""
+        try:
+            while await conn.reader.read(READ_SIZE):
+                pass
+        except ConnectionError:
+            pass
+        job.stop.set()
+
+    def watcher(self, conn, job):
+        return None if self.args.naive else asyncio.create_task(self.watch(conn, job))
+
+    async def pieces(self, job, on_silence=None):
+        """Yield the job's items; call on_silence() after --ping seconds without one."""
+        while True:
+            getter = asyncio.ensure_future(job.get())
+            while not getter.done():
+                done, _ = await asyncio.wait({getter}, timeout=self.args.ping)
+                if not done and on_silence is not None and not await on_silence():
+                    getter.cancel()
+                    return
+            item = getter.result()
+            yield item
+            if item is None or isinstance(item, BaseException):
+                return
+
+    # --- POST /complete ----------------------------------------------------------------------
+
+    async def complete(self, conn, job):
+        watcher = self.watcher(conn, job)
+        pieces, error = [], None
+        async for item in self.pieces(job):
+            if isinstance(item, BaseException):
+                error = item
+            elif item is not None:
+                pieces.append(item)
+        left = job.stop.is_set()
+        if watcher:
+            watcher.cancel()
+        self.record("/complete", await job.done, left)
+        if error is not None:
+            raise ProtocolError(f"generation failed: {error}", 500, kind="generation_failed")
+        if not left:
+            conn.writer.write(json_response(200, {"text": "".join(pieces)}))
+
+    # --- POST /stream: server-sent events ------------------------------------------------------
+
+    async def stream(self, conn, job):
+        conn.writer.write(SSE_HEAD)
+        conn.started = True
+        watcher = self.watcher(conn, job)
+        left, error = False, None
+
+        async def ping():
+            return await self.send(conn, sse.comment("ping"))
+
+        async for item in self.pieces(job, on_silence=ping):
+            if item is None:
+                break
+            if isinstance(item, BaseException):
+                error = item
+                break
+            if left:
+                continue  # --naive: keep generating for nobody
+            if not await self.send(conn, sse.event(json.dumps({"text": item}))):
+                left = True
+                if not self.args.naive:
+                    job.stop.set()
+                    break
+        else:
+            left = True  # a keep-alive ping failed: the reader is gone
+            job.stop.set()
+        left = left or job.stop.is_set()
+        if watcher:
+            watcher.cancel()
+        if not left:
+            if error is not None:  # after the 200 the status can't change: an error event
+                err = ProtocolError(f"generation failed: {error}", 500, kind="generation_failed")
+                await self.send(conn, sse.event(json.dumps(error_body(err)), event="error"))
+            else:
+                await self.send(conn, b"data: [DONE]\n\n")
+        self.record("/stream", await job.done, left)
+
+    # --- GET /ws: WebSocket ------------------------------------------------------------------
+
+    async def websocket(self, conn, request, trailing):
+        conn.writer.write(ws.handshake(request, self.args.allow_origin))  # ProtocolError: an HTTP answer
+        conn.started = True
+        session = conn.ws = WebSocket(conn, trailing)
+        self.websockets.add(session)
+        try:
+            await self.ws_session(session)
+        finally:
+            self.websockets.discard(session)
+
+    async def ws_session(self, s):
+        try:
+            first = await asyncio.wait_for(s.receive(), self.args.request_timeout)
+        except asyncio.TimeoutError:
+            raise ProtocolError("no request message arrived in time", close_code=1008) from None
+        if first is None:
+            return  # the client left before asking anything
+        try:
+            params = parse_params(json.loads(first))
+        except (json.JSONDecodeError, AttributeError):
+            raise ProtocolError("the first message must be a JSON object", close_code=1008) from None
+        except ProtocolError as e:
+            s.send_text(json.dumps(error_body(e)))
+            raise ProtocolError(e.message, close_code=1008) from None
+        try:
+            ids = await asyncio.to_thread(encode_prompt, params)
+        except ProtocolError as e:
+            s.send_text(json.dumps(error_body(e)))
+            raise ProtocolError(e.message, close_code=1008) from None
+        job = self.job(ids, params)
+        listener = asyncio.create_task(s.listen(job))
+        stopped, error = False, None
+        try:
+
+            async def ping():
+                return s.send_ping()
+
+            async for item in self.pieces(job, on_silence=ping):
+                if item is None:
+                    break
+                if isinstance(item, BaseException):
+                    error = item
+                    break
+                s.send_text(json.dumps({"text": item}))
+                if not await s.drain(self.args.write_timeout):
+                    job.stop.set()
+            stopped = job.stop.is_set()
+            if error is not None:
+                err = ProtocolError(f"generation failed: {error}", 500, kind="generation_failed")
+                s.send_text(json.dumps(error_body(err)))
+                await s.close(1011, "generation failed")
+            else:
+                s.send_text(json.dumps({"done": True}))
+                await s.close(1000)
+        finally:
+            job.stop.set()
+            listener.cancel()
+        self.record("/ws", await job.done, stopped, "client said stop")
+
+    # --- shutdown ------------------------------------------------------------------------------
+
+    async def shutdown(self, server):
+        server.close()
+        for job in list(ACTIVE):
+            job.stop.set()
+        await asyncio.gather(*(s.close(1001, "server shutting down") for s in list(self.websockets)))
+        for task in list(self.connections):
+            task.cancel()
+        await asyncio.gather(*self.connections, return_exceptions=True)
+        deadline = time.monotonic() + 5
+        for job in list(ACTIVE):
+            await asyncio.to_thread(job.thread.join, max(0.0, deadline - time.monotonic()))
+
+
+class WebSocket:
+    """A server-side WebSocket session over a Connection: receive messages (answering pings and
+    close frames on the way), send text, and close with the handshake both ways (RFC 6455 §7)."""
+
+    def __init__(self, conn, trailing=b""):
+        self.conn = conn
+        self.parser = ws.Parser(mask_required=True)
+        self.parser.feed(trailing)
+        self.close_sent = False
+        self.peer_closed = asyncio.Event()  # the client's close frame (or end-of-file) arrived
+        self.listening = False  # listen() is reading frames, so it will see the client's close
+
+    async def receive(self):
+        """The next text message, or None when the client closed. Raises ProtocolError."""
+        while True:
+            item = self.parser.next()
+            if item is None:
+                data = await self.conn.reader.read(READ_SIZE)
+                if not data:
+                    self.peer_closed.set()
+                    return None
+                self.parser.feed(data)
+                continue
+            if isinstance(item, ws.Message):
+                if item.opcode == ws.BINARY:
+                    raise ProtocolError("binary messages are not supported; send JSON text", close_code=1003)
+                return item.text()
+            if item.opcode == ws.PING:
+                self.write(ws.serialize(ws.Frame(ws.PONG, item.data)))  # §5.5.3: same payload
+            elif item.opcode == ws.CLOSE:
+                code, _ = ws.parse_close(item.data)
+                if not self.close_sent:  # §5.5.1: answer with a close, echoing the code
+                    self.close_sent = True
+                    payload = b"" if code == 1005 else ws.close_payload(code)
+                    self.write(ws.serialize(ws.Frame(ws.CLOSE, payload)))
+                self.peer_closed.set()
+                return None
+            # a pong (ours are unsolicited keep-alives): nothing to do
+
+    async def listen(self, job):
+        """While the server streams: {"stop": true}, a close frame or end-of-file stop the job."""
+        self.listening = True
+        try:
+            while (message := await self.receive()) is not None:
+                try:
+                    value = json.loads(message)
+                except json.JSONDecodeError:
+                    raise ProtocolError("messages must be JSON", close_code=1008) from None
+                if isinstance(value, dict) and value.get("stop"):
+                    job.stop.set()
+        except ProtocolError as e:
+            job.stop.set()
+            await self.close(e.close_code, e.message)
+        except ConnectionError:
+            pass
+        finally:
+            self.listening = False
+        job.stop.set()
+
+    def write(self, data):
+        if not self.conn.writer.transport.is_closing():
+            self.conn.writer.write(data)
+
+    def send_text(self, text):
+        if not self.close_sent:
+            self.write(ws.text_frame(text))
+
+    def send_ping(self):
+        if self.close_sent or self.conn.writer.transport.is_closing():
+            return False
+        self.write(ws.serialize(ws.Frame(ws.PING, b"keep-alive")))
+        return True
+
+    async def drain(self, timeout):
+        try:
+            await asyncio.wait_for(self.conn.writer.drain(), timeout)
+            return not self.conn.writer.transport.is_closing()
+        except asyncio.TimeoutError:
+            self.conn.writer.transport.abort()
+            return False
+        except ConnectionError:
+            return False
+
+    async def close(self, code=1000, reason=""):
+        """Send our close frame (once) and close TCP. After a normal end (1000) or at shutdown
+        (1001), first wait briefly for the client's close frame, which listen() reads (§7.1.1);
+        after a protocol error the connection is failed at once (§7.1.7)."""
+        if not self.close_sent:
+            self.close_sent = True
+            self.write(ws.close_frame(code, reason))
+        await self.drain(CLOSE_WAIT)
+        if self.listening and code in (1000, 1001) and not self.peer_closed.is_set():
+            try:
+                await asyncio.wait_for(self.peer_closed.wait(), CLOSE_WAIT)
+            except asyncio.TimeoutError:
+                pass
+        self.conn.writer.close()
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--naive", action="store_true", help="the article's naive server: never notices a reader leaving")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8765, help="0 picks a free port (printed)")
+    lm.add_arguments(p)
+    p.add_argument("--queue", type=int, default=0, help="bound each request's queue to N pieces (0: unbounded)")
+    p.add_argument("--write-timeout", type=float, default=30.0, help="drop a client whose writes can't drain for S s")
+    p.add_argument("--ping", type=float, default=15.0, help="keep-alive after S s without an event")
+    p.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT, help="408 if a request takes longer")
+    p.add_argument(
+        "--allow-origin", action="append", default=[], help="a browser Origin allowed to open /ws (repeat; * for any)"
+    )
+    p.add_argument("--token-delay", type=float, default=0.0, help="testing: sleep S s after each token")
+    p.add_argument("--fail-after", type=int, default=None, help="testing: fail generation after N tokens")
+    return p.parse_args(argv)
+
+
+async def serve(args):
+    srv = Server(args)
+    server = await asyncio.start_server(srv.handle, args.host, args.port)  # asyncio sets TCP_NODELAY
+    port = server.sockets[0].getsockname()[1]
+    print(f"listening on http://{args.host}:{port}{' (naive)' if args.naive else ''}", flush=True)
+    done = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, done.set)
+    async with server:
+        await done.wait()
+        await srv.shutdown(server)
+    print("shut down", flush=True)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    lm.configure(args)
+    t0 = time.perf_counter()
+    lm.model()
+    for _ in lm.tokens("Hello", 2):  # warm up, so the first request's time to first text is honest
+        pass
+    dtype = str(lm.dtype()).removeprefix("torch.")
+    print(f"model {lm.model_name()} on {lm.DEVICE} in {dtype}, ready in {time.perf_counter() - t0:.1f} s", flush=True)
+    asyncio.run(serve(args))
+
+
+if __name__ == "__main__":
+    main()

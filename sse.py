@@ -1,0 +1,96 @@
+"""Server-sent events over bytes: the encoder the server uses and the parser clients use.
+
+The text/event-stream format (WHATWG HTML, §9.2 "Server-sent events"): an event is `field: value`
+lines ended by a blank line; `data` lines are joined with newlines; `event` names the type, `id`
+sets the last event id, `retry` the reconnection time; a line starting with `:` is a comment (the
+keep-alive ping). Lines end in CRLF, LF or CR.
+
+`EventParser` is incremental, as the spec's own algorithm: feed it any slice of the stream (byte
+by byte if you like) and it returns the events completed so far. No I/O here. Leaves out the
+EventSource reconnection behaviour, which is the client's business.
+"""
+
+import codecs
+from dataclasses import dataclass
+
+
+def event(data, event=None, id=None):
+    """One event. Multi-line data becomes several data lines, which the parser joins back."""
+    out = []
+    if event is not None:
+        out.append(f"event: {event}\n")
+    if id is not None:
+        out.append(f"id: {id}\n")
+    out += [f"data: {line}\n" for line in data.split("\n")]
+    return ("".join(out) + "\n").encode()
+
+
+def comment(text="ping"):
+    """A comment line: ignored by parsers, it keeps idle proxies from closing the connection."""
+    return f": {text}\n\n".encode()
+
+
+@dataclass
+class Event:
+    data: str
+    event: str = "message"
+    id: str = ""  # the last event id seen, as EventSource reports it
+    retry: int | None = None
+
+
+class EventParser:
+    """Bytes of an event stream in, Events out (WHATWG's "interpret an event stream")."""
+
+    def __init__(self):
+        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self.pending = ""  # text of an unfinished line
+        self.after_cr = False  # the last chunk ended in CR: an LF next belongs to it
+        self.first = True  # a leading byte-order mark is dropped
+        self.data, self.type, self.last_id, self.retry = [], "", "", None
+
+    def feed(self, data):
+        """Feed bytes; return the list of events they completed."""
+        text = self.decoder.decode(data)
+        if self.first and text:
+            text, self.first = text.removeprefix("\ufeff"), False
+        if self.after_cr and text.startswith("\n"):
+            text = text[1:]
+        if text:
+            self.after_cr = text.endswith("\r")
+        lines = (self.pending + text).replace("\r\n", "\n").replace("\r", "\n").split("\n")
+        self.pending = lines.pop()
+        events = []
+        for line in lines:
+            ev = self.line(line)
+            if ev is not None:
+                events.append(ev)
+        return events
+
+    def line(self, line):
+        if line == "":  # dispatch
+            if not self.data:
+                self.type = ""
+                return None
+            ev = Event("\n".join(self.data), self.type or "message", self.last_id, self.retry)
+            self.data, self.type = [], ""
+            return ev
+        if line.startswith(":"):
+            return None
+        name, colon, value = line.partition(":")
+        if colon and value.startswith(" "):
+            value = value[1:]
+        if name == "data":
+            self.data.append(value)
+        elif name == "event":
+            self.type = value
+        elif name == "id":
+            if "\0" not in value:
+                self.last_id = value
+        elif name == "retry":
+            if value.isdigit():
+                self.retry = int(value)
+        return None  # other field names are ignored
+
+    def close(self):
+        """The stream ended: an event without its blank line is discarded, per the spec."""
+        self.data, self.type, self.pending = [], "", ""
