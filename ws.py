@@ -20,7 +20,7 @@ import struct
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from http11 import ProtocolError, Request, response
+from http11 import ProtocolError, Request
 
 GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"  # §1.3: proves the server understood the handshake
 MAX_MESSAGE = 1024 * 1024  # bytes in one message, all fragments together: 1009. Same as an HTTP body.

@@ -2,10 +2,36 @@
 unless marked `bundled`, and every asyncio loop runs in debug mode."""
 
 import os
+import sys
+from pathlib import Path
 
 os.environ.setdefault("PYTHONASYNCIODEBUG", "1")
 os.environ["LM_MODEL"] = "tiny"  # the default for in-process use; subprocess servers get --model
 
+sys.path.insert(0, str(Path(__file__).parent))
+
 import lm  # noqa: E402
 
 lm.configure(model="tiny")
+
+import pytest  # noqa: E402
+from helpers import ServerProcess  # noqa: E402
+
+# Servers started once per test session, all at once (each takes a few seconds to import torch).
+SERVERS = {
+    "plain": ("--ping", "0.3"),
+    "slow": ("--token-delay", "0.02"),  # about 50 tokens a second: time to leave mid-answer
+    "naive": ("--naive", "--token-delay", "0.02"),
+    "failing": ("--fail-after", "5", "--request-timeout", "1"),
+    "quiet": ("--token-delay", "0.6", "--ping", "0.2"),  # long silences between pieces
+}
+
+
+@pytest.fixture(scope="session")
+def servers():
+    started = {name: ServerProcess(*args) for name, args in SERVERS.items()}
+    try:
+        yield {name: s.wait() for name, s in started.items()}
+    finally:
+        for s in started.values():
+            s.stop()
