@@ -17,7 +17,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --quiet "$(TORCH)"
-	$(BIN)/pip install --quiet -e ".[test,dev]"
+	$(BIN)/pip install --quiet -e ".[test,dev,plot]"
 	touch $@
 
 test: $(STAMP)
@@ -30,6 +30,9 @@ reproduce: $(STAMP)
 	$(BIN)/python event_bytes.py
 	@echo "== reading_speed.py: is generation faster than reading?"
 	$(BIN)/python reading_speed.py --model $(MODEL)
+	@echo "== experiments.py all: /complete vs /stream vs /ws, a reader leaving, saying stop, and the proxy"
+	$(BIN)/python experiments.py all --model $(MODEL)
+	@echo "== written: results/*.json and results/timeline.png"
 
 bench-detok: $(STAMP)
 	$(BIN)/python bench_detok.py

@@ -153,6 +153,10 @@ class Server:
 
     def metrics(self):
         return {
+            "model": lm.model_name(),
+            "device": lm.DEVICE,
+            "dtype": str(lm.dtype()).removeprefix("torch."),
+            "naive": self.args.naive,
             "active_generations": len(ACTIVE),
             "generation_threads": sum(t.name == "generate" for t in threading.enumerate()),
             "open_connections": len(self.connections),

@@ -1,0 +1,263 @@
+"""Raw-socket clients that time every byte, and `measure`, the article's three-way comparison.
+
+    python client.py measure [--host 127.0.0.1] [--port 8765] [--prompts 5] [--max-tokens 100]
+
+`post(path, prompt, n)` for /complete and /stream and `websocket(prompt, n)` for /ws each return
+(seconds to first text, seconds to the end, bytes received, pieces of text), timed from sending
+the request; `stop_after` leaves (SSE: closes the socket; WebSocket: sends {"stop": true}) after
+that many pieces. They read with asyncio streams and count every byte, headers included: no HTTP
+or WebSocket library stands between the wire and the figures. The SSE body goes through
+sse.EventParser, a real event-stream parser, not the article's `event[len("data: "):]`. The
+WebSocket client masks its frames with fresh random keys, answers pings, and does the close
+handshake.
+
+Leaves out: TLS, redirects, proxies' CONNECT, and HTTP keep-alive (the server closes anyway).
+"""
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import sse
+import ws
+
+HOST, PORT = "127.0.0.1", 8765  # the article sets client.PORT = 8766 to go through the proxy
+LEAVE_PAUSE = 1.0  # seconds to stay after leaving, so a server has a moment to notice (the article's)
+
+
+class Result(tuple):
+    """(first, total, received, pieces), plus `arrivals`: seconds at which each piece arrived."""
+
+    def __new__(cls, first, total, received, pieces, arrivals=()):
+        r = super().__new__(cls, (first, total, received, pieces))
+        r.arrivals = list(arrivals)
+        return r
+
+    first = property(lambda self: self[0])
+    total = property(lambda self: self[1])
+    received = property(lambda self: self[2])
+    pieces = property(lambda self: self[3])
+
+
+class ServerError(Exception):
+    """The server answered with an error status, an error event or an error message."""
+
+
+async def read_head(r, w, buffer=b""):
+    """Read an HTTP response head; return (status, headers, the bytes after it, bytes read)."""
+    received = 0
+    while b"\r\n\r\n" not in buffer:
+        chunk = await r.read(65536)
+        if not chunk:
+            raise ServerError("the connection closed before a response")
+        received += len(chunk)
+        buffer += chunk
+    head, _, rest = buffer.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    return status, headers, rest, received
+
+
+async def post(path, prompt, n, stop_after=None, host=None, port=None, seed=0):
+    """POST a prompt to /complete or /stream and time what comes back."""
+    r, w = await asyncio.open_connection(host or HOST, port or PORT)
+    body = json.dumps({"prompt": prompt, "max_tokens": n, "seed": seed}).encode()
+    t0 = time.perf_counter()
+    w.write(
+        b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+        % (path.encode(), (host or HOST).encode(), len(body))
+        + body
+    )
+    try:
+        status, headers, rest, received = await read_head(r, w)
+        if path != "/stream":
+            data = rest
+            while chunk := await r.read(65536):
+                data += chunk
+                received += len(chunk)
+            end = time.perf_counter() - t0
+            value = json.loads(data)
+            if status != 200:
+                raise ServerError(f"{status}: {value}")
+            return Result(end, end, received, [value["text"]], [end])
+        if status != 200:
+            raise ServerError(f"{status}: {rest.decode(errors='replace')}")
+        parser, pieces, arrivals, first, done = sse.EventParser(), [], [], None, False
+        chunk = rest
+        while True:
+            for event in parser.feed(chunk):
+                if event.event == "error":
+                    raise ServerError(f"error event: {event.data}")
+                if event.data == "[DONE]":
+                    done = True
+                    continue
+                now = time.perf_counter() - t0
+                first = first or now
+                pieces.append(json.loads(event.data)["text"])
+                arrivals.append(now)
+            if stop_after and len(pieces) >= stop_after:
+                w.close()  # leave, then give the server a moment to notice
+                await asyncio.sleep(LEAVE_PAUSE)
+                return Result(first, time.perf_counter() - t0, received, pieces, arrivals)
+            chunk = await r.read(65536)
+            if not chunk:
+                break
+            received += len(chunk)
+        if not done:
+            raise ServerError("the stream ended without [DONE]: the connection dropped")
+        return Result(first, time.perf_counter() - t0, received, pieces, arrivals)
+    finally:
+        w.close()
+
+
+async def websocket(prompt, n, stop_after=None, host=None, port=None, seed=0):
+    """Stream over GET /ws; after `stop_after` pieces send {"stop": true} and read to the end."""
+    r, w = await asyncio.open_connection(host or HOST, port or PORT)
+    key = base64.b64encode(os.urandom(16)).decode()
+    t0 = time.perf_counter()
+    w.write(
+        (
+            f"GET /ws HTTP/1.1\r\nHost: {host or HOST}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        ).encode()
+    )
+    mask = ws.new_mask  # a fresh random key for every frame (RFC 6455 §5.3)
+    try:
+        status, headers, rest, received = await read_head(r, w)
+        if status != 101 or headers.get("sec-websocket-accept") != ws.accept_key(key):
+            raise ServerError(f"the WebSocket handshake failed: {status}")
+        w.write(ws.text_frame(json.dumps({"prompt": prompt, "max_tokens": n, "seed": seed}), mask()))
+        parser = ws.Parser(mask_required=False)
+        parser.feed(rest)
+        pieces, arrivals, first, stopped, close_code = [], [], None, False, None
+        while True:
+            item = parser.next()
+            if item is None:
+                chunk = await r.read(65536)
+                if not chunk:
+                    break
+                received += len(chunk)
+                parser.feed(chunk)
+                continue
+            if isinstance(item, ws.Message):
+                value = json.loads(item.data)
+                if "text" in value:
+                    now = time.perf_counter() - t0
+                    first = first or now
+                    pieces.append(value["text"])
+                    arrivals.append(now)
+                    if stop_after and len(pieces) >= stop_after and not stopped:
+                        w.write(ws.text_frame(json.dumps({"stop": True}), mask()))
+                        stopped = True
+                elif "error" in value:
+                    raise ServerError(f"error message: {value['error']}")
+            elif item.opcode == ws.PING:
+                w.write(ws.serialize(ws.Frame(ws.PONG, item.data), mask()))
+            elif item.opcode == ws.CLOSE:
+                close_code, _ = ws.parse_close(item.data)
+                w.write(ws.serialize(ws.Frame(ws.CLOSE, item.data[:2]), mask()))  # echo the code
+        end = time.perf_counter() - t0
+        if close_code not in (1000, None) or (close_code is None and not stopped):
+            raise ServerError(f"the WebSocket closed with {close_code}")
+        return Result(first, end, received, pieces, arrivals)
+    finally:
+        w.close()
+
+
+def prompts(k):
+    return [p["prompt"] for p in json.load(open(Path(__file__).with_name("prompts.json")))[:k]]
+
+
+async def measure_rows(texts, n, host=None, port=None, progress=None):
+    """Each prompt all three ways, one after another; {path: [Result per prompt]}."""
+    rows = {"/complete": [], "/stream": [], "/ws": []}
+    for i, prompt in enumerate(texts):
+        rows["/complete"].append(await post("/complete", prompt, n, host=host, port=port))
+        rows["/stream"].append(await post("/stream", prompt, n, host=host, port=port))
+        rows["/ws"].append(await websocket(prompt, n, host=host, port=port))
+        if progress:
+            progress(f"  prompt {i + 1}/{len(texts)} done all three ways")
+    return rows
+
+
+def summarize(rows):
+    """The article's table: lines to print and the figures behind them."""
+    k = len(next(iter(rows.values())))
+    lines, figures = [], {}
+    for name, rs in rows.items():
+        first = sum(r[0] for r in rs) / k
+        total = sum(r[1] for r in rs) / k
+        received = sum(r[2] for r in rs)
+        chars = sum(len("".join(r[3]).encode()) for r in rs)
+        figures[name] = {
+            "first_s": first,
+            "total_s": total,
+            "bytes_per_answer": received / k,
+            "text_bytes_per_answer": chars / k,
+            "ratio": received / chars,
+        }
+        lines.append(
+            f"{name:10s} first text after {first:5.2f} s, all of it after {total:5.2f} s; "
+            f"{received / k:6.0f} bytes on the wire per answer, for {chars / k:4.0f} bytes of text "
+            f"({received / chars:.1f}x)"
+        )
+    same = all("".join(a[3]) == "".join(b[3]) == "".join(c[3]) for a, b, c in zip(*rows.values(), strict=True))
+    lines.append(f"the same text all three ways: {same}")
+    figures["same_text"] = same
+    return lines, figures
+
+
+async def server_info(host=None, port=None):
+    """The server's model, device and dtype, from GET /metrics."""
+    r, w = await asyncio.open_connection(host or HOST, port or PORT)
+    w.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    status, headers, rest, _ = await read_head(r, w)
+    while chunk := await r.read(65536):
+        rest += chunk
+    w.close()
+    m = json.loads(rest)
+    return {k: m.get(k) for k in ("model", "device", "dtype")}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("command", choices=["measure"])
+    p.add_argument("--host", default=HOST)
+    p.add_argument("--port", type=int, default=PORT)
+    p.add_argument("--prompts", type=int, default=5)
+    p.add_argument("--max-tokens", type=int, default=100)
+    p.add_argument("--save", default="results/measure.json", help="where to save the figures ('' to skip)")
+    args = p.parse_args(argv)
+
+    async def run():
+        info = await server_info(args.host, args.port)
+        rows = await measure_rows(
+            prompts(args.prompts),
+            args.max_tokens,
+            args.host,
+            args.port,
+            progress=lambda s: print(s, file=sys.stderr, flush=True),
+        )
+        return info, rows
+
+    info, rows = asyncio.run(run())
+    lines, figures = summarize(rows)
+    print("\n".join(lines))
+    if args.save:
+        save(args.save, dict(info, prompts=args.prompts, max_tokens=args.max_tokens, **figures))
+
+
+def save(path, value):
+    value = dict(value, date=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(value, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,292 @@
+"""The article's experiments: a reader leaving, a reader saying stop, and the buffering proxy.
+
+    python experiments.py leave|stop|proxy [--port 8765] [--proxy-port 8766]   # against running ones
+    python experiments.py all [--model bundled]                                   # starts everything
+
+`leave` reads 10 pieces of a 100-token /stream, closes, and reads from GET /log how many tokens
+the server generated in all; `stop` does the same over /ws with {"stop": true}; `proxy` sends
+one /stream through the proxy on --proxy-port. `all` is what a reader of the article would
+otherwise start by hand: the server, the same server with --naive, the buffering proxy and the
+honoring proxy, each a child process on a free port, waited for until it answers and stopped on
+any exit. It runs `client.py measure`, every experiment, checks the article's conclusions on our
+numbers, and saves results/experiments.json and results/timeline.png.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import client
+
+ROOT = Path(__file__).resolve().parent
+PROMPT = json.load(open(ROOT / "prompts.json"))[0]["prompt"]  # the lighthouse paragraph
+N = 100  # tokens asked for, as the article
+LEAVE_AFTER = 10  # pieces read before leaving or saying stop
+LOG_WAIT = 300  # seconds to wait for a request to appear in /log (a naive server finishing 100 tokens)
+
+
+def say(message):
+    print(f"[experiments] {message}", file=sys.stderr, flush=True)
+
+
+async def get_json(port, path, host=None):
+    r, w = await asyncio.open_connection(host or client.HOST, port)
+    w.write(b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % path.encode())
+    _, _, rest, _ = await client.read_head(r, w)
+    while chunk := await r.read(65536):
+        rest += chunk
+    w.close()
+    return json.loads(rest)
+
+
+async def new_log_entry(port, before):
+    """The server's record of the request after the first `before` ones, once it has finished."""
+    deadline = time.monotonic() + LOG_WAIT
+    while time.monotonic() < deadline:
+        log = await get_json(port, "/log")
+        if len(log) > before:
+            return log[before]
+        await asyncio.sleep(0.1)
+    raise TimeoutError(f"the server on port {port} logged nothing within {LOG_WAIT} s")
+
+
+async def leave(port):
+    before = len(await get_json(port, "/log"))
+    await client.post("/stream", PROMPT, N, stop_after=LEAVE_AFTER, port=port)
+    path, generated, left = await new_log_entry(port, before)
+    print(f"SSE client left after {LEAVE_AFTER} pieces: the server generated {generated} tokens in all", flush=True)
+    return generated
+
+
+async def stop(port):
+    before = len(await get_json(port, "/log"))
+    await client.websocket(PROMPT, N, stop_after=LEAVE_AFTER, port=port)
+    path, generated, stopped = await new_log_entry(port, before)
+    print(
+        f"WebSocket client said stop after {LEAVE_AFTER} pieces: the server generated {generated} tokens in all",
+        flush=True,
+    )
+    return generated
+
+
+async def proxy(port):
+    r = await client.post("/stream", PROMPT, N, port=port)
+    first, total, received, pieces = r
+    print(
+        f"through the proxy: first text after {first:.2f} s, the end after {total:.2f} s, "
+        f"{len(pieces)} pieces, {received:,} bytes",
+        flush=True,
+    )
+    return r
+
+
+# --- `all`: children on free ports ------------------------------------------------------------
+
+
+class Child:
+    """A child process that prints `... listening on http://HOST:PORT` when it is ready."""
+
+    def __init__(self, name, argv):
+        self.name = name
+        self.proc = subprocess.Popen(
+            [sys.executable, *argv],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        )
+        self.lines, self.port, self.ready = [], None, threading.Event()
+        threading.Thread(target=self.read, daemon=True).start()
+
+    def read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+            if "listening on http://" in line and self.port is None:
+                self.port = int(line.split("listening on http://")[1].split(":")[1].split()[0].rstrip(","))
+                self.ready.set()
+        self.ready.set()
+
+    def wait(self, timeout=900):
+        if not self.ready.wait(timeout) or self.port is None:
+            raise RuntimeError(f"{self.name} did not start (exit {self.proc.poll()}):\n" + "\n".join(self.lines))
+        return self
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def check(conclusions, name, holds, detail):
+    conclusions.append({"conclusion": name, "holds": bool(holds), "detail": detail})
+
+
+async def run_all(ports, model, prompts, measure_tokens):
+    server, naive, buffering, honoring = ports
+    info = await client.server_info(port=server)
+    results = {"prompt": PROMPT, "max_tokens": N, **info}
+
+    say(f"measure: {prompts} prompts x 3 ways x {measure_tokens} tokens (the slow part)")
+    rows = await client.measure_rows(
+        client.prompts(prompts), measure_tokens, port=server, progress=lambda s: say(s.strip())
+    )
+    lines, figures = client.summarize(rows)
+    print("\n".join(lines), flush=True)
+    results["measure"] = figures
+
+    say("leave: the watching server, then the naive one")
+    results["leave"] = await leave(server)
+    print("Started with --naive:", flush=True)
+    results["leave_naive"] = await leave(naive)
+    say("stop over /ws")
+    results["stop"] = await stop(server)
+    say("through the buffering proxy, then the honoring one")
+    print("Buffering:", flush=True)
+    b = await proxy(buffering)
+    print("With --honor:", flush=True)
+    h = await proxy(honoring)
+    results["proxy"] = {"first_s": b.first, "total_s": b.total, "pieces": len(b.pieces), "bytes": b.received}
+    results["proxy_honor"] = {"first_s": h.first, "total_s": h.total, "pieces": len(h.pieces), "bytes": h.received}
+
+    c = []
+    m = figures
+    check(c, "/complete: first text equals all of it", m["/complete"]["first_s"] == m["/complete"]["total_s"], "")
+    for path in ("/stream", "/ws"):
+        share = m[path]["first_s"] / m[path]["total_s"]
+        check(c, f"{path}: first text at most 10% of all of it", share <= 0.10, f"{share:.1%}")
+    check(c, "the same text all three ways", m["same_text"], "")
+    check(c, "leave: the watching server generated at most 11 tokens", results["leave"] <= 11, results["leave"])
+    check(c, "leave: the --naive server generated all 100", results["leave_naive"] == N, results["leave_naive"])
+    check(c, "stop: at most 11 tokens", results["stop"] <= 11, results["stop"])
+    late = (b.total - b.first) / b.total
+    check(c, "buffering proxy: first text within 5% of the end", late <= 0.05, f"{late:.1%} before the end")
+    ratio = h.first / m["/stream"]["first_s"]
+    check(c, "--honor: first text within 2x of no proxy", ratio <= 2, f"{ratio:.2f}x")
+    check(c, "bytes: /complete under 2x the text", m["/complete"]["ratio"] < 2, f"{m['/complete']['ratio']:.1f}x")
+    for path in ("/stream", "/ws"):
+        check(c, f"bytes: {path} several times the text", m[path]["ratio"] >= 2.5, f"{m[path]['ratio']:.1f}x")
+    results["conclusions"] = c
+    held = sum(x["holds"] for x in c)
+    print(f"the article's conclusions on our numbers: {held} of {len(c)} hold", flush=True)
+    for x in c:
+        print(f"  {'holds' if x['holds'] else 'DOES NOT HOLD'}: {x['conclusion']} {x['detail']}".rstrip(), flush=True)
+
+    timeline = {
+        "/complete": rows["/complete"][0].arrivals,
+        "/stream": rows["/stream"][0].arrivals,
+        "/ws": rows["/ws"][0].arrivals,
+        "buffering proxy": b.arrivals,
+        "honoring proxy": h.arrivals,
+    }
+    results["timeline"] = timeline
+    return results
+
+
+def plot_timeline(timeline, info, path):
+    """One row per way of delivery: a tick when each piece of text arrived."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        say("matplotlib is not installed: no timeline.png (pip install matplotlib)")
+        return None
+    names = list(timeline)
+    fig, ax = plt.subplots(figsize=(10, 3.6))
+    for i, name in enumerate(names):
+        times = timeline[name]
+        ax.eventplot([times], lineoffsets=len(names) - 1 - i, linelengths=0.6, colors=f"C{i}")
+        if times:
+            ax.annotate(f"first {times[0]:.2f} s", (times[0], len(names) - 1 - i + 0.35), fontsize=8)
+    ax.set_yticks(range(len(names)), list(reversed(names)))
+    ax.set_xlabel("seconds since the request was sent")
+    ax.set_title(
+        f"When each piece of text arrived: one prompt, {N} tokens ({info.get('model')}, {info.get('device')}, {info.get('dtype')})",
+        fontsize=10,
+    )
+    ax.set_xlim(0, 1.15 * max((t[-1] for t in timeline.values() if t), default=1))
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def all_(args):
+    children = []
+
+    def on_signal(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        model_args = ["--model", args.model] + (["--dtype", args.dtype] if args.dtype else [])
+        say(f"starting the server and the --naive server (model {args.model})")
+        server = Child("server", ["server.py", "--port", str(args.port), *model_args])
+        naive = Child("naive server", ["server.py", "--naive", "--port", str(args.naive_port), *model_args])
+        children += [server, naive]
+        server.wait()
+        naive.wait()
+        up = ["--upstream-port", str(server.port)]
+        buffering = Child("buffering proxy", ["proxy.py", "--port", str(args.proxy_port), *up])
+        honoring = Child("honoring proxy", ["proxy.py", "--honor", "--port", str(args.honor_port), *up])
+        children += [buffering, honoring]
+        buffering.wait()
+        honoring.wait()
+        say(f"server :{server.port}, naive :{naive.port}, proxy :{buffering.port}, --honor proxy :{honoring.port}")
+        ports = (server.port, naive.port, buffering.port, honoring.port)
+        results = asyncio.run(run_all(ports, args.model, args.prompts, args.max_tokens))
+    finally:
+        for child in children:
+            child.stop()
+    out = Path(args.results)
+    client.save(out / "experiments.json", results)
+    picture = plot_timeline(results["timeline"], results, out / "timeline.png")
+    say(f"saved {out / 'experiments.json'}" + (f" and {picture}" if picture else ""))
+    return results
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("experiment", choices=["leave", "stop", "proxy", "all"])
+    p.add_argument("--host", default=client.HOST)
+    p.add_argument("--port", type=int, default=None, help="the server's port (default 8765; `all`: a free one)")
+    p.add_argument("--proxy-port", type=int, default=None, help="the proxy's port (default 8766; `all`: a free one)")
+    p.add_argument("--naive-port", type=int, default=0, help="`all`: the --naive server's port")
+    p.add_argument("--honor-port", type=int, default=0, help="`all`: the honoring proxy's port")
+    p.add_argument("--model", default=os.environ.get("LM_MODEL", "bundled"), help="`all`: the servers' model")
+    p.add_argument("--dtype", default=None, help="`all`: the servers' dtype")
+    p.add_argument("--prompts", type=int, default=5, help="`all`: prompts for the measure table")
+    p.add_argument("--max-tokens", type=int, default=100, help="`all`: tokens per answer in the measure table")
+    p.add_argument("--results", default="results", help="`all`: folder for experiments.json and timeline.png")
+    args = p.parse_args(argv)
+    client.HOST = args.host
+    if args.experiment == "all":
+        args.port = args.port or 0
+        args.proxy_port = args.proxy_port or 0
+        return all_(args)
+    port = args.port or 8765
+    if args.experiment == "leave":
+        asyncio.run(leave(port))
+    elif args.experiment == "stop":
+        asyncio.run(stop(port))
+    else:
+        client.PORT = args.proxy_port or 8766
+        asyncio.run(proxy(client.PORT))
+
+
+if __name__ == "__main__":
+    main()

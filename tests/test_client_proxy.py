@@ -1,0 +1,179 @@
+"""client.py against the server, proxy.py against a fake upstream, experiments.py end to end."""
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import pytest
+from helpers import ROOT, server_log, wait_for_log
+
+import client
+import proxy
+
+PROMPT = "Glaciers look still from a distance"
+
+
+def test_post_and_websocket_clients_time_and_count_every_byte(servers):
+    port = servers["plain"].port
+
+    async def main():
+        c = await client.post("/complete", PROMPT, 20, port=port)
+        s = await client.post("/stream", PROMPT, 20, port=port)
+        w = await client.websocket(PROMPT, 20, port=port)
+        return c, s, w
+
+    c, s, w = asyncio.run(main())
+    first, total, received, pieces = c
+    assert first == total and len(pieces) == 1
+    assert "".join(s.pieces) == "".join(w.pieces) == pieces[0]
+    assert 0 < s.first <= s.total and 0 < w.first <= w.total
+    assert len(s.arrivals) == len(s.pieces) and s.arrivals == sorted(s.arrivals)
+    # every byte counted, headers included: more than the events' own bytes
+    assert s.received > sum(len(b'data: {"text": ""}\n\n') + len(p) for p in s.pieces)
+    assert w.received > c.received / 2
+
+
+def test_client_errors_are_raised(servers):
+    port = servers["failing"].port
+    with pytest.raises(client.ServerError, match="error event"):
+        asyncio.run(client.post("/stream", PROMPT, 20, port=port))
+    with pytest.raises(client.ServerError, match="500"):
+        asyncio.run(client.post("/complete", PROMPT, 20, port=port))
+    with pytest.raises(client.ServerError, match="error message"):
+        asyncio.run(client.websocket(PROMPT, 20, port=port))
+
+
+def test_websocket_client_answers_pings_and_closes_cleanly(servers):
+    s = servers["quiet"]  # pings every 0.2 s while a token takes 0.6 s
+    before = len(server_log(s.port))
+    r = asyncio.run(client.websocket("Hi", 3, port=s.port))
+    assert len(r.pieces) >= 1
+    assert wait_for_log(s.port, before + 1)[-1][2] is False
+
+
+def test_measure_prints_the_articles_table(servers):
+    out = subprocess.run(
+        [sys.executable, "client.py", "measure", "--port", str(servers["plain"].port), "--prompts", "2"]
+        + ["--max-tokens", "10", "--save", ""],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert [line.split()[0] for line in lines[:3]] == ["/complete", "/stream", "/ws"]
+    assert "bytes on the wire per answer" in lines[0]
+    assert lines[3] == "the same text all three ways: True"
+
+
+# --- the proxy, against a fake upstream that streams on command ---------------------------------
+
+
+async def fake_upstream(header_lines, chunks, gap, events):
+    """A server that sends a head and then `chunks` with `gap` seconds between them; it records
+    when its client (the proxy) closes."""
+
+    async def handle(r, w):
+        events.append("connected")
+        await r.read(65536)  # the request, passed up at once
+        events.append("request")
+
+        async def watch():  # like the server: end-of-file from the proxy means the client left
+            if await r.read(65536) == b"":
+                events.append("upstream saw end-of-file")
+
+        watcher = asyncio.create_task(watch())
+        w.write(b"HTTP/1.1 200 OK\r\n" + b"".join(h + b"\r\n" for h in header_lines) + b"\r\n")
+        try:
+            for chunk in chunks:
+                await asyncio.sleep(gap)
+                if watcher.done():
+                    break
+                w.write(chunk)
+                await w.drain()
+        except ConnectionError:
+            pass
+        await asyncio.sleep(0.05)
+        watcher.cancel()
+        w.close()
+
+    return await asyncio.start_server(handle, "127.0.0.1", 0)
+
+
+async def through_proxy(honor, header_lines, chunks, gap=0.01, leave_after=None):
+    events = []
+    up = await fake_upstream(header_lines, chunks, gap, events)
+    args = proxy.parse_args(
+        ["--port", "0", "--upstream-port", str(up.sockets[0].getsockname()[1])] + (["--honor"] if honor else [])
+    )
+    px = await asyncio.start_server(lambda r, w: proxy.handle(r, w, args), "127.0.0.1", 0)
+    r, w = await asyncio.open_connection("127.0.0.1", px.sockets[0].getsockname()[1])
+    w.write(b"POST /stream HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+    reads = []
+    while data := await r.read(65536):
+        reads.append(data)
+        if leave_after and len(reads) >= leave_after:
+            w.close()
+            break
+    await asyncio.sleep(0.3)
+    w.close()
+    px.close()
+    up.close()
+    return reads, events
+
+
+def test_proxy_forwards_exactly_8_kb_blocks_until_the_end():
+    chunks = [b"x" * 1000] * 20  # 20,000 bytes of body after the head
+    reads, events = asyncio.run(through_proxy(False, [b"X-Accel-Buffering: no"], chunks))
+    body = b"".join(reads)
+    sizes = [len(x) for x in reads]
+    assert all(size % 8192 == 0 for size in sizes[:-1]), sizes
+    assert len(body) == len(b"".join(chunks)) + len(b"HTTP/1.1 200 OK\r\nX-Accel-Buffering: no\r\n\r\n")
+    assert events[:2] == ["connected", "request"]
+
+
+def test_proxy_with_honor_passes_marked_responses_straight_through():
+    chunks = [b"data: %d\n\n" % i for i in range(10)]
+    reads, _ = asyncio.run(through_proxy(True, [b"Content-Type: text/event-stream", b"X-Accel-Buffering: no"], chunks))
+    assert len(reads) >= 10  # every event on its own, as it came
+    reads, _ = asyncio.run(through_proxy(True, [b"Content-Type: text/event-stream"], chunks))
+    assert len(reads) == 1  # unmarked: held to the end even with --honor
+
+
+def test_proxy_closes_upstream_when_the_client_leaves():
+    chunks = [b"data: %d\n\n" % i for i in range(200)]
+    reads, events = asyncio.run(through_proxy(True, [b"X-Accel-Buffering: no"], chunks, gap=0.01, leave_after=3))
+    assert "upstream saw end-of-file" in events
+
+
+def test_experiments_all_end_to_end_with_the_tiny_model(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "experiments.py", "all", "--model", "tiny", "--prompts", "2", "--results", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    printed = out.stdout
+    assert "the same text all three ways: True" in printed
+    assert "Started with --naive:" in printed and "through the proxy: first text after" in printed
+    results = json.loads((tmp_path / "experiments.json").read_text())
+    assert (tmp_path / "timeline.png").stat().st_size > 10_000
+    assert results["model"] == "tiny" and results["date"]
+    assert results["leave"] <= 11 and results["leave_naive"] == 100 and results["stop"] <= 11
+    held = {c["conclusion"]: c["holds"] for c in results["conclusions"]}
+    # the conclusions that do not depend on the model's speed
+    for name in (
+        "/complete: first text equals all of it",
+        "the same text all three ways",
+        "buffering proxy: first text within 5% of the end",
+        "bytes: /stream several times the text",
+        "bytes: /ws several times the text",
+    ):
+        assert held[name], (name, results["conclusions"])
+    # no child is left behind
+    left = subprocess.run(["pgrep", "-f", "proxy.py --(honor --)?port"], capture_output=True, text=True).stdout
+    assert not left.strip()
