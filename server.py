@@ -198,37 +198,37 @@ class Server:
         return None if self.args.naive else asyncio.create_task(self.watch(conn, job))
 
     async def pieces(self, job, on_silence=None):
-        """Yield the job's items; call on_silence() after --ping seconds without one."""
+        """Yield the job's text pieces until its end. Raise ProtocolError(500) if its thread
+        failed. After --ping seconds without a piece, call on_silence(); if that says the reader
+        is gone (False), stop the job and return early."""
         while True:
             getter = asyncio.ensure_future(job.get())
             while not getter.done():
                 done, _ = await asyncio.wait({getter}, timeout=self.args.ping)
                 if not done and on_silence is not None and not await on_silence():
                     getter.cancel()
+                    job.stop.set()
                     return
             item = getter.result()
-            yield item
-            if item is None or isinstance(item, BaseException):
+            if item is None:
                 return
+            if isinstance(item, BaseException):
+                raise ProtocolError(f"generation failed: {item}", 500, close_code=1011, kind="generation_failed")
+            yield item
 
     # --- POST /complete ----------------------------------------------------------------------
 
     async def complete(self, conn, job):
         watcher = self.watcher(conn, job)
-        pieces, error = [], None
-        async for item in self.pieces(job):
-            if isinstance(item, BaseException):
-                error = item
-            elif item is not None:
-                pieces.append(item)
-        left = job.stop.is_set()
-        if watcher:
-            watcher.cancel()
-        self.record("/complete", await job.done, left)
-        if error is not None:
-            raise ProtocolError(f"generation failed: {error}", 500, kind="generation_failed")
+        try:
+            text = "".join([piece async for piece in self.pieces(job)])
+        finally:
+            left = job.stop.is_set()
+            if watcher:
+                watcher.cancel()
+            self.record("/complete", await job.done, left)
         if not left:
-            conn.writer.write(json_response(200, {"text": "".join(pieces)}))
+            conn.writer.write(json_response(200, {"text": text}))
 
     # --- POST /stream: server-sent events ------------------------------------------------------
 
@@ -236,36 +236,28 @@ class Server:
         conn.writer.write(SSE_HEAD)
         conn.started = True
         watcher = self.watcher(conn, job)
-        left, error = False, None
+        left = False
 
         async def ping():
             return await self.send(conn, sse.comment("ping"))
 
-        async for item in self.pieces(job, on_silence=ping):
-            if item is None:
-                break
-            if isinstance(item, BaseException):
-                error = item
-                break
-            if left:
-                continue  # --naive: keep generating for nobody
-            if not await self.send(conn, sse.event(json.dumps({"text": item}))):
-                left = True
-                if not self.args.naive:
-                    job.stop.set()
-                    break
-        else:
-            left = True  # a keep-alive ping failed: the reader is gone
-            job.stop.set()
+        try:
+            async for piece in self.pieces(job, on_silence=ping):
+                if left:
+                    continue  # --naive: keep generating for nobody
+                if not await self.send(conn, sse.event(json.dumps({"text": piece}))):
+                    left = True
+                    if not self.args.naive:
+                        job.stop.set()
+                        break
+            end = b"data: [DONE]\n\n"
+        except ProtocolError as e:  # after the 200 the status can't change: an error event
+            end = sse.event(json.dumps(error_body(e)), event="error")
         left = left or job.stop.is_set()
         if watcher:
             watcher.cancel()
         if not left:
-            if error is not None:  # after the 200 the status can't change: an error event
-                err = ProtocolError(f"generation failed: {error}", 500, kind="generation_failed")
-                await self.send(conn, sse.event(json.dumps(error_body(err)), event="error"))
-            else:
-                await self.send(conn, b"data: [DONE]\n\n")
+            await self.send(conn, end)
         self.record("/stream", await job.done, left)
 
     # --- GET /ws: WebSocket ------------------------------------------------------------------
@@ -280,50 +272,49 @@ class Server:
         finally:
             self.websockets.discard(session)
 
-    async def ws_session(self, s):
+    async def ws_request(self, s):
+        """The first message: the request's parameters and prompt ids, or a close 1008."""
         try:
             first = await asyncio.wait_for(s.receive(), self.args.request_timeout)
         except asyncio.TimeoutError:
             raise ProtocolError("no request message arrived in time", close_code=1008) from None
         if first is None:
-            return  # the client left before asking anything
+            return None  # the client left before asking anything
         try:
-            params = parse_params(json.loads(first))
-        except (json.JSONDecodeError, AttributeError):
+            body = json.loads(first)
+            if not isinstance(body, dict):
+                raise ValueError
+        except ValueError:
             raise ProtocolError("the first message must be a JSON object", close_code=1008) from None
-        except ProtocolError as e:
-            s.send_text(json.dumps(error_body(e)))
-            raise ProtocolError(e.message, close_code=1008) from None
         try:
-            ids = await asyncio.to_thread(encode_prompt, params)
+            params = parse_params(body)
+            return params, await asyncio.to_thread(encode_prompt, params)
         except ProtocolError as e:
-            s.send_text(json.dumps(error_body(e)))
+            s.send_text(json.dumps(error_body(e)))  # the details, then the close code
             raise ProtocolError(e.message, close_code=1008) from None
-        job = self.job(ids, params)
+
+    async def ws_session(self, s):
+        request = await self.ws_request(s)
+        if request is None:
+            return
+        job = self.job(request[1], request[0])
         listener = asyncio.create_task(s.listen(job))
-        stopped, error = False, None
+
+        async def ping():
+            return s.send_ping()
+
         try:
-
-            async def ping():
-                return s.send_ping()
-
-            async for item in self.pieces(job, on_silence=ping):
-                if item is None:
-                    break
-                if isinstance(item, BaseException):
-                    error = item
-                    break
-                s.send_text(json.dumps({"text": item}))
+            async for piece in self.pieces(job, on_silence=ping):
+                s.send_text(json.dumps({"text": piece}))
                 if not await s.drain(self.args.write_timeout):
                     job.stop.set()
             stopped = job.stop.is_set()
-            if error is not None:
-                err = ProtocolError(f"generation failed: {error}", 500, kind="generation_failed")
-                s.send_text(json.dumps(error_body(err)))
-                await s.close(1011, "generation failed")
-            else:
-                s.send_text(json.dumps({"done": True}))
-                await s.close(1000)
+            s.send_text(json.dumps({"done": True}))
+            await s.close(1000)
+        except ProtocolError as e:
+            stopped = job.stop.is_set()
+            s.send_text(json.dumps(error_body(e)))
+            await s.close(1011, "generation failed")
         finally:
             job.stop.set()
             listener.cancel()
