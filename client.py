@@ -19,9 +19,11 @@ import asyncio
 import base64
 import json
 import os
+import ssl
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import sse
 import ws
@@ -170,25 +172,123 @@ async def websocket(prompt, n, stop_after=None, host=None, port=None, seed=0):
         w.close()
 
 
+# The real APIs' formats: where the text is in each event, and how the request is shaped.
+FORMATS = {
+    "openai": {"path": "/v1/chat/completions", "key": "Authorization", "env": "OPENAI_API_KEY"},
+    "anthropic": {"path": "/v1/messages", "key": "x-api-key", "env": "ANTHROPIC_API_KEY"},
+}
+
+
+def api_body(fmt, prompt, n, stream, seed=0, model=None, extra=None):
+    messages = [{"role": "user", "content": prompt}]
+    body = {"model": model or "default", "messages": messages, "max_tokens": n, "stream": stream}
+    if fmt == "openai":
+        body["seed"] = seed
+    return dict(body, **(extra or {}))
+
+
+def api_text(fmt, event):
+    """The text a streamed event carries ('' for none); raises ServerError for an error event."""
+    if event.data == "[DONE]":
+        return None
+    value = json.loads(event.data)
+    if event.event == "error" or (fmt == "openai" and "error" in value):
+        raise ServerError(f"error event: {event.data}")
+    if fmt == "openai":
+        return "".join((c.get("delta") or {}).get("content") or "" for c in value.get("choices") or [])
+    if value.get("type") == "content_block_delta":
+        return value["delta"].get("text", "")
+    return ""
+
+
+async def api_post(fmt, prompt, n, url, stream=True, api_key=None, model=None, seed=0, stop_after=None, extra=None):
+    """One request in OpenAI's or Anthropic's format to `url` (http or https, e.g. a proxy in front
+    of a real API), timed like post(): (first text, the end, bytes received, pieces)."""
+    spec, u = FORMATS[fmt], urlsplit(url)
+    tls = ssl.create_default_context() if u.scheme == "https" else None
+    port = u.port or (443 if tls else 80)
+    r, w = await asyncio.open_connection(u.hostname, port, ssl=tls, server_hostname=u.hostname if tls else None)
+    path = (u.path.rstrip("/") + spec["path"]) if not u.path.endswith(spec["path"]) else u.path
+    body = json.dumps(api_body(fmt, prompt, n, stream, seed, model, extra)).encode()
+    key = api_key or os.environ.get(spec["env"], "unused")
+    auth = f"Bearer {key}" if spec["key"] == "Authorization" else key
+    extra = "anthropic-version: 2023-06-01\r\n" if fmt == "anthropic" else ""
+    t0 = time.perf_counter()
+    w.write(
+        (
+            f"POST {path} HTTP/1.1\r\nHost: {u.netloc}\r\nContent-Type: application/json\r\n{spec['key']}: {auth}\r\n"
+            f"{extra}Accept-Encoding: identity\r\nConnection: close\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        + body
+    )
+    try:
+        status, headers, rest, received = await read_head(r, w)
+        if status != 200 or not stream:
+            data = rest
+            while chunk := await r.read(65536):
+                data += chunk
+                received += len(chunk)
+            if status != 200:
+                raise ServerError(f"{status}: {data[:500].decode(errors='replace')}")
+            end = time.perf_counter() - t0
+            value = json.loads(data)
+            if fmt == "openai":
+                text = value["choices"][0]["message"]["content"]
+            else:
+                text = "".join(b.get("text", "") for b in value["content"])
+            return Result(end, end, received, [text], [end])
+        parser, pieces, arrivals, first = sse.EventParser(), [], [], None
+        chunk = rest
+        while True:
+            for event in parser.feed(chunk):
+                text = api_text(fmt, event)
+                if text:
+                    now = time.perf_counter() - t0
+                    first = first or now
+                    pieces.append(text)
+                    arrivals.append(now)
+            if stop_after and len(pieces) >= stop_after:
+                w.close()
+                await asyncio.sleep(LEAVE_PAUSE)
+                break
+            chunk = await r.read(65536)
+            if not chunk:
+                break
+            received += len(chunk)
+        return Result(first, time.perf_counter() - t0, received, pieces, arrivals)
+    finally:
+        w.close()
+
+
 def prompts(k):
     return [p["prompt"] for p in json.load(open(Path(__file__).with_name("prompts.json")))[:k]]
 
 
-async def measure_rows(texts, n, host=None, port=None, progress=None):
-    """Each prompt all three ways, one after another; {path: [Result per prompt]}."""
-    rows = {"/complete": [], "/stream": [], "/ws": []}
+async def measure_rows(texts, n, host=None, port=None, progress=None, fmt="ours", url=None, api_key=None):
+    """Each prompt each way, one after another; {way: [Result per prompt]}. Our format: /complete,
+    /stream, /ws. OpenAI's or Anthropic's: the same request without and with streaming."""
+    if fmt == "ours":
+        rows = {"/complete": [], "/stream": [], "/ws": []}
+    else:
+        rows = {f"{fmt} whole": [], f"{fmt} stream": []}
     for i, prompt in enumerate(texts):
-        rows["/complete"].append(await post("/complete", prompt, n, host=host, port=port))
-        rows["/stream"].append(await post("/stream", prompt, n, host=host, port=port))
-        rows["/ws"].append(await websocket(prompt, n, host=host, port=port))
+        if fmt == "ours":
+            rows["/complete"].append(await post("/complete", prompt, n, host=host, port=port))
+            rows["/stream"].append(await post("/stream", prompt, n, host=host, port=port))
+            rows["/ws"].append(await websocket(prompt, n, host=host, port=port))
+        else:
+            url = url or f"http://{host or HOST}:{port or PORT}"
+            rows[f"{fmt} whole"].append(await api_post(fmt, prompt, n, url, stream=False, api_key=api_key))
+            rows[f"{fmt} stream"].append(await api_post(fmt, prompt, n, url, stream=True, api_key=api_key))
         if progress:
-            progress(f"  prompt {i + 1}/{len(texts)} done all three ways")
+            progress(f"  prompt {i + 1}/{len(texts)} done each way")
     return rows
 
 
 def summarize(rows):
     """The article's table: lines to print and the figures behind them."""
     k = len(next(iter(rows.values())))
+    width = max(10, *(len(name) for name in rows))
     lines, figures = [], {}
     for name, rs in rows.items():
         first = sum(r[0] for r in rs) / k
@@ -203,12 +303,12 @@ def summarize(rows):
             "ratio": received / chars,
         }
         lines.append(
-            f"{name:10s} first text after {first:5.2f} s, all of it after {total:5.2f} s; "
+            f"{name:{width}s} first text after {first:5.2f} s, all of it after {total:5.2f} s; "
             f"{received / k:6.0f} bytes on the wire per answer, for {chars / k:4.0f} bytes of text "
             f"({received / chars:.1f}x)"
         )
-    same = all("".join(a[3]) == "".join(b[3]) == "".join(c[3]) for a, b, c in zip(*rows.values(), strict=True))
-    lines.append(f"the same text all three ways: {same}")
+    same = all(len({"".join(r[3]) for r in answers}) == 1 for answers in zip(*rows.values(), strict=True))
+    lines.append(f"the same text {'all three' if len(rows) == 3 else 'both'} ways: {same}")
     figures["same_text"] = same
     return lines, figures
 
@@ -232,17 +332,25 @@ def main(argv=None):
     p.add_argument("--port", type=int, default=PORT)
     p.add_argument("--prompts", type=int, default=5)
     p.add_argument("--max-tokens", type=int, default=100)
+    p.add_argument("--format", choices=["ours", "openai", "anthropic"], default="ours")
+    p.add_argument("--url", default=None, help="openai/anthropic: base URL of any server or proxy (http or https)")
+    p.add_argument(
+        "--api-key", default=None, help="openai/anthropic: the key (else $OPENAI_API_KEY / $ANTHROPIC_API_KEY)"
+    )
     p.add_argument("--save", default="results/measure.json", help="where to save the figures ('' to skip)")
     args = p.parse_args(argv)
 
     async def run():
-        info = await server_info(args.host, args.port)
+        info = await server_info(args.host, args.port) if args.url is None else {"url": args.url}
         rows = await measure_rows(
             prompts(args.prompts),
             args.max_tokens,
             args.host,
             args.port,
             progress=lambda s: print(s, file=sys.stderr, flush=True),
+            fmt=args.format,
+            url=args.url,
+            api_key=args.api_key,
         )
         return info, rows
 

@@ -249,6 +249,11 @@ def all_(args):
         say(f"server :{server.port}, naive :{naive.port}, proxy :{buffering.port}, --honor proxy :{honoring.port}")
         ports = (server.port, naive.port, buffering.port, honoring.port)
         results = asyncio.run(run_all(ports, args.model, args.prompts, args.max_tokens))
+        say("event_bytes.py --live: the bytes of each wire format, one event and a whole answer")
+        import event_bytes
+
+        results["event_bytes"] = event_bytes.live(server.port, args.max_tokens)
+        client.save(Path(args.results) / "event_bytes.json", results["event_bytes"])
     finally:
         for child in children:
             child.stop()

@@ -50,7 +50,16 @@ def parse_params(body):
 
 def encode_prompt(params):
     """Token ids of the prompt; 422 if prompt and answer cannot fit the model's context."""
-    ids = lm.tok(params["prompt"]).input_ids
+    return check_context(lm.tok(params["prompt"]).input_ids, params)
+
+
+def encode_chat(messages, params):
+    """Token ids of a conversation through the model's chat template, ready for the answer."""
+    text = lm.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return check_context(lm.tok(text, add_special_tokens=False).input_ids, params)
+
+
+def check_context(ids, params):
     context = getattr(lm.model().config, "max_position_embeddings", None)
     if context and len(ids) + params["max_tokens"] > context:
         raise ProtocolError(
@@ -74,6 +83,7 @@ class Job:
         self.out = asyncio.Queue()
         self.slots = threading.Semaphore(queue_size) if queue_size else None
         self.done = self.loop.create_future()  # the number of tokens generated, EOS included
+        self.reason = None  # why it ended: "eos", "length" (max_tokens) or "stopped" (the flag)
         self.token_delay, self.fail_after = token_delay, fail_after  # for tests and experiments
         self.thread = threading.Thread(target=self.run, name="generate", daemon=True)
 
@@ -118,6 +128,7 @@ class Job:
             ):
                 produced += 1
                 if token in ends:
+                    self.reason = "eos"
                     break
                 if piece := d.push(token):
                     self.put(piece)
@@ -127,6 +138,8 @@ class Job:
                     time.sleep(self.token_delay)
             if rest := d.flush():
                 self.put(rest)
+            if self.reason is None:
+                self.reason = "stopped" if self.stop.is_set() else "length"
             self.put(None)
         except Exception as e:  # noqa: BLE001 - any failure must reach the handler as an error
             self.put(e)

@@ -165,5 +165,6 @@ def error_body(err):
 
 
 def error_response(err):
-    """The one place a ProtocolError becomes an HTTP response: its status, a JSON body."""
-    return json_response(err.status, error_body(err), headers=err.headers)
+    """The one place a ProtocolError becomes an HTTP response: its status, a JSON body (the
+    error's own `body` when an API gives errors its own shape, else ours)."""
+    return json_response(err.status, getattr(err, "body", None) or error_body(err), headers=err.headers)

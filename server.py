@@ -27,13 +27,23 @@ import sys
 import threading
 import time
 
+import apis
 import lm
 import sse
 import ws
-from generation import ACTIVE, Job, encode_prompt, parse_params
+from generation import ACTIVE, Job, encode_chat, encode_prompt, parse_params
 from http11 import REQUEST_TIMEOUT, ProtocolError, RequestParser, error_body, error_response, json_response
 
-ROUTES = {"/complete": "POST", "/stream": "POST", "/ws": "GET", "/log": "GET", "/metrics": "GET"}
+ROUTES = {
+    "/complete": "POST",
+    "/stream": "POST",
+    "/ws": "GET",
+    "/log": "GET",
+    "/metrics": "GET",
+    "/v1/chat/completions": "POST",  # OpenAI's wire format (apis.py)
+    "/v1/messages": "POST",  # Anthropic's
+    "/v1/models": "GET",
+}
 SSE_HEAD = (
     b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
     b"X-Accel-Buffering: no\r\nConnection: close\r\n\r\n"
@@ -50,6 +60,7 @@ class Connection:
         self.reader, self.writer = reader, writer
         self.started = False
         self.ws = None
+        self.gone = False  # the watcher saw end-of-file: the client left
 
 
 class Server:
@@ -128,7 +139,9 @@ class Server:
             raise ProtocolError(f"no such path: {request.path}", 404)
         if request.method != method:
             raise ProtocolError(f"{request.path} takes {method}", 405, headers=[("Allow", method)])
-        if request.path == "/log":
+        if request.path.startswith("/v1/"):
+            await self.api(conn, request)
+        elif request.path == "/log":
             conn.writer.write(json_response(200, self.log))
         elif request.path == "/metrics":
             conn.writer.write(json_response(200, self.metrics()))
@@ -192,6 +205,7 @@ class Server:
                 pass
         except ConnectionError:
             pass
+        conn.gone = True
         job.stop.set()
 
     def watcher(self, conn, job):
@@ -320,6 +334,117 @@ class Server:
             listener.cancel()
         self.record("/ws", await job.done, stopped, "client said stop")
 
+    # --- /v1/...: the OpenAI and Anthropic wire formats (apis.py) ------------------------------
+
+    def model_id(self):
+        name = lm.model_name()
+        return {"bundled": lm.BUNDLED_NAME.removesuffix("-q4_k_m")}.get(name, name)
+
+    async def api(self, conn, request):
+        openai = request.path != "/v1/messages"
+        fail = apis.openai_error if openai else apis.anthropic_error
+        if self.args.api_key:
+            auth = request.headers.get("authorization", "")
+            given = auth[7:] if auth.lower().startswith("bearer ") else request.headers.get("x-api-key")
+            if given != self.args.api_key:
+                raise fail("invalid or missing API key", 401, **({"code": "invalid_api_key"} if openai else {}))
+        if request.path == "/v1/models":
+            model = {"id": self.model_id(), "object": "model", "created": 0, "owned_by": "streaming-tokens"}
+            if not openai:
+                model = {"id": self.model_id(), "type": "model", "display_name": self.model_id()}
+            conn.writer.write(json_response(200, {"object": "list", "data": [model]}))
+            return
+        try:
+            messages, params, options = (apis.openai_request if openai else apis.anthropic_request)(request.json())
+            ids = await asyncio.to_thread(encode_chat, messages, params)
+        except ProtocolError as e:
+            raise (e if getattr(e, "body", None) else fail(e.message, 400)) from None
+        job = self.job(ids, params)
+        try:
+            if options["stream"]:
+                await self.api_stream(conn, request.path, job, options, openai, len(ids))
+            else:
+                await self.api_whole(conn, request.path, job, options, openai, len(ids))
+        finally:
+            job.stop.set()
+
+    def finish(self, job, matcher, openai):
+        """(finish/stop reason, stop sequence) in each API's words."""
+        if matcher.matched is not None:
+            return ("stop", None) if openai else ("stop_sequence", matcher.matched)
+        if job.reason == "length":
+            return ("length", None) if openai else ("max_tokens", None)
+        return ("stop", None) if openai else ("end_turn", None)
+
+    async def api_whole(self, conn, path, job, options, openai, prompt_tokens):
+        watcher = self.watcher(conn, job)
+        matcher, parts = apis.StopMatcher(options["stop"]), []
+        try:
+            async for piece in self.pieces(job):
+                parts.append(matcher.push(piece))
+                if matcher.matched is not None:
+                    job.stop.set()
+                    break
+            parts.append(matcher.flush())
+        except ProtocolError as e:
+            raise (apis.openai_error if openai else apis.anthropic_error)(e.message, 500) from None
+        finally:
+            if watcher:
+                watcher.cancel()
+            produced = await job.done
+            self.record(path, produced, conn.gone)
+        reason, sequence = self.finish(job, matcher, openai)
+        model, text = self.model_id(), "".join(parts)
+        if openai:
+            value = apis.openai_completion(model, text, reason, prompt_tokens, produced)
+        else:
+            value = apis.anthropic_message(model, text, reason, sequence, prompt_tokens, produced)
+        if not conn.gone:
+            conn.writer.write(json_response(200, value))
+
+    async def api_stream(self, conn, path, job, options, openai, prompt_tokens):
+        if openai:
+            enc = apis.OpenAIStream(self.model_id(), options["include_usage"], options["obfuscation"])
+        else:
+            enc = apis.AnthropicStream(self.model_id(), prompt_tokens)
+        conn.writer.write(SSE_HEAD)
+        conn.started = True
+        watcher = self.watcher(conn, job)
+        matcher = apis.StopMatcher(options["stop"])
+        left = not await self.send(conn, enc.role() if openai else enc.start())
+
+        async def silence():  # Anthropic sends ping events; for OpenAI's clients a comment does
+            return await self.send(conn, sse.comment("ping") if openai else enc.ping())
+
+        end = None
+        try:
+            async for piece in self.pieces(job, on_silence=silence):
+                if left:
+                    continue  # --naive
+                text = matcher.push(piece)
+                if text and not await self.send(conn, enc.text(text)):
+                    left = True
+                    if not self.args.naive:
+                        job.stop.set()
+                        break
+                if matcher.matched is not None:
+                    job.stop.set()
+                    break
+            if rest := matcher.flush():
+                left = left or not await self.send(conn, enc.text(rest))
+        except ProtocolError as e:  # after the 200: the API's own error event
+            end = enc.error(e.message)
+        if watcher:
+            watcher.cancel()
+        produced = await job.done
+        left = left or conn.gone
+        if end is None:
+            reason, sequence = self.finish(job, matcher, openai)
+            end = enc.end(reason, prompt_tokens, produced) if openai else enc.end(reason, sequence, produced)
+        if not left:
+            await self.send(conn, end)
+        self.record(path, produced, left)
+
     # --- shutdown ------------------------------------------------------------------------------
 
     async def shutdown(self, server):
@@ -447,6 +572,7 @@ def parse_args(argv=None):
     p.add_argument(
         "--allow-origin", action="append", default=[], help="a browser Origin allowed to open /ws (repeat; * for any)"
     )
+    p.add_argument("--api-key", default=None, help="require this key on /v1/ (Authorization: Bearer, or x-api-key)")
     p.add_argument("--token-delay", type=float, default=0.0, help="testing: sleep S s after each token")
     p.add_argument("--fail-after", type=int, default=None, help="testing: fail generation after N tokens")
     return p.parse_args(argv)

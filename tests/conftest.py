@@ -24,6 +24,7 @@ SERVERS = {
     "naive": ("--naive", "--token-delay", "0.02"),
     "failing": ("--fail-after", "5", "--request-timeout", "1"),
     "quiet": ("--token-delay", "0.6", "--ping", "0.2"),  # long silences between pieces
+    "keyed": ("--api-key", "sekrit"),
 }
 
 

@@ -1,0 +1,318 @@
+"""The OpenAI and Anthropic wire formats, judged by the official SDKs, plus StopMatcher."""
+
+import json
+
+import anthropic
+import httpx
+import openai
+import pytest
+from helpers import server_log, wait_for_log
+
+from apis import StopMatcher
+
+MESSAGES = [{"role": "user", "content": "Tell me about lighthouses."}]
+
+
+def oa(port, **kw):
+    return openai.OpenAI(
+        base_url=f"http://127.0.0.1:{port}/v1", api_key=kw.pop("api_key", "unused"), max_retries=0, **kw
+    )
+
+
+def an(port, **kw):
+    return anthropic.Anthropic(
+        base_url=f"http://127.0.0.1:{port}", api_key=kw.pop("api_key", "unused"), max_retries=0, **kw
+    )
+
+
+# --- OpenAI -------------------------------------------------------------------------------------
+
+
+def test_openai_whole_and_streamed_give_the_same_text_and_usage(servers):
+    client = oa(servers["plain"].port)
+    whole = client.chat.completions.create(model="any", messages=MESSAGES, max_tokens=20, seed=3)
+    assert whole.object == "chat.completion" and whole.choices[0].finish_reason == "length"
+    assert whole.usage.completion_tokens == 20 and whole.usage.prompt_tokens > 5
+    chunks = list(
+        client.chat.completions.create(
+            model="any", messages=MESSAGES, max_tokens=20, seed=3, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert chunks[-2].choices[0].finish_reason == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 20  # the usage chunk
+    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_openai_chunks_carry_random_obfuscation_unless_turned_off(servers):
+    port = servers["plain"].port
+    body = {"model": "x", "messages": MESSAGES, "max_tokens": 10, "stream": True}
+    padded = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=60).text
+    plain = httpx.post(
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        json=dict(body, stream_options={"include_obfuscation": False}),
+        timeout=60,
+    ).text
+    assert padded.count('"obfuscation":') >= 10 and '"obfuscation"' not in plain
+    lengths = {len(line) for line in padded.splitlines() if '"obfuscation"' in line}
+    assert len(lengths) > 3
+
+
+def test_openai_stop_strings(servers):
+    client = oa(servers["plain"].port)
+    text = (
+        client.chat.completions.create(model="x", messages=MESSAGES, max_tokens=30, seed=5).choices[0].message.content
+    )
+    stop = text[12:16]
+    expected = text[: text.find(stop)]
+    r = client.chat.completions.create(model="x", messages=MESSAGES, max_tokens=30, seed=5, stop=[stop, "zzzz"])
+    assert r.choices[0].message.content == expected and r.choices[0].finish_reason == "stop"
+    chunks = list(
+        client.chat.completions.create(model="x", messages=MESSAGES, max_tokens=30, seed=5, stop=stop, stream=True)
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_openai_closing_the_stream_after_10_chunks_stops_generation(servers):
+    port = servers["slow"].port
+    before = len(server_log(port))
+    stream = oa(port).chat.completions.create(model="x", messages=MESSAGES, max_tokens=100, stream=True)
+    for i, _ in enumerate(stream):
+        if i == 9:
+            break
+    stream.close()
+    path, generated, left = wait_for_log(port, before + 1)[-1]
+    assert path == "/v1/chat/completions" and left and generated <= 11
+
+
+def test_openai_error_mid_stream_is_the_sdks_error(servers):
+    stream = oa(servers["failing"].port).chat.completions.create(
+        model="x", messages=MESSAGES, max_tokens=50, stream=True
+    )
+    with pytest.raises(openai.APIError, match="injected failure"):
+        list(stream)
+    with pytest.raises(openai.InternalServerError):
+        oa(servers["failing"].port).chat.completions.create(model="x", messages=MESSAGES, max_tokens=50)
+
+
+def test_openai_models_and_api_key(servers):
+    assert [m.id for m in oa(servers["plain"].port).models.list()] == ["tiny"]
+    with pytest.raises(openai.AuthenticationError) as e:
+        oa(servers["keyed"].port, api_key="wrong").chat.completions.create(model="x", messages=MESSAGES, max_tokens=2)
+    assert e.value.body["code"] == "invalid_api_key"
+    r = oa(servers["keyed"].port, api_key="sekrit").chat.completions.create(model="x", messages=MESSAGES, max_tokens=2)
+    assert r.usage.completion_tokens == 2
+
+
+OPENAI_BAD = [
+    ({"model": "x"}, "messages"),
+    ({"model": "x", "messages": "hi"}, "messages"),
+    ({"model": "x", "messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
+    ({"model": "x", "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+    ({"model": "x", "messages": [{"role": "user", "content": ""}]}, "messages"),
+    ({"model": "x", "messages": MESSAGES, "max_tokens": 5000}, "max_tokens"),
+    ({"model": "x", "messages": MESSAGES, "max_completion_tokens": "9"}, "max_tokens"),
+    ({"model": "x", "messages": MESSAGES, "temperature": 3}, "temperature"),
+    ({"model": "x", "messages": MESSAGES, "stop": [""]}, "stop"),
+]
+
+
+@pytest.mark.parametrize("body,param", OPENAI_BAD)
+def test_openai_bad_inputs_in_openais_error_shape(servers, body, param):
+    r = httpx.post(f"http://127.0.0.1:{servers['plain'].port}/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error" and error["param"] == param
+
+
+def test_openai_sdk_raises_bad_request(servers):
+    with pytest.raises(openai.BadRequestError):
+        oa(servers["plain"].port).chat.completions.create(model="x", messages=[{"role": "wizard", "content": "x"}])
+
+
+# --- Anthropic ----------------------------------------------------------------------------------
+
+
+def test_anthropic_whole_stream_helper_and_raw_events_agree(servers):
+    client = an(servers["plain"].port)
+    whole = client.messages.create(model="any", max_tokens=20, messages=MESSAGES, system="Be brief.")
+    assert whole.type == "message" and whole.stop_reason == "max_tokens"
+    assert whole.usage.output_tokens == 20 and whole.usage.input_tokens > 5
+    with client.messages.stream(model="any", max_tokens=20, messages=MESSAGES, system="Be brief.") as s:
+        streamed = "".join(s.text_stream)
+        final = s.get_final_message()
+    assert streamed == whole.content[0].text == final.content[0].text
+    assert final.usage.output_tokens == 20 and final.usage.input_tokens == whole.usage.input_tokens
+    assert final.stop_reason == "max_tokens"
+    events = list(
+        client.messages.create(model="any", max_tokens=20, messages=MESSAGES, system="Be brief.", stream=True)
+    )
+    types = [e.type for e in events]
+    assert types[:2] == ["message_start", "content_block_start"]
+    assert types[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    assert "".join(e.delta.text for e in events if e.type == "content_block_delta") == streamed
+    assert events[-2].usage.output_tokens == 20
+
+
+def test_anthropic_stop_sequences(servers):
+    client = an(servers["plain"].port)
+    text = client.messages.create(model="x", max_tokens=30, messages=MESSAGES).content[0].text
+    stop = text[10:14]
+    r = client.messages.create(model="x", max_tokens=30, messages=MESSAGES, stop_sequences=[stop])
+    assert r.content[0].text == text[: text.find(stop)]
+    assert r.stop_reason == "stop_sequence" and r.stop_sequence == stop
+    with client.messages.stream(model="x", max_tokens=30, messages=MESSAGES, stop_sequences=[stop]) as s:
+        assert "".join(s.text_stream) == text[: text.find(stop)]
+        assert s.get_final_message().stop_sequence == stop
+
+
+def test_anthropic_ping_events_during_silence(servers):
+    r = httpx.post(
+        f"http://127.0.0.1:{servers['quiet'].port}/v1/messages",
+        json={"model": "x", "max_tokens": 2, "messages": MESSAGES, "stream": True},
+        timeout=60,
+    )
+    assert "event: ping\n" in r.text
+    with an(servers["quiet"].port).messages.stream(model="x", max_tokens=2, messages=MESSAGES) as s:
+        assert s.get_final_message().usage.output_tokens == 2  # the SDK skips the pings
+
+
+def test_anthropic_leaving_after_10_events_stops_generation(servers):
+    port = servers["slow"].port
+    before = len(server_log(port))
+    with an(port).messages.stream(model="x", max_tokens=100, messages=MESSAGES) as s:
+        for i, _ in enumerate(s.text_stream):
+            if i == 9:
+                break
+    path, generated, left = wait_for_log(port, before + 1)[-1]
+    assert path == "/v1/messages" and left and generated <= 11
+
+
+def test_anthropic_error_mid_stream_is_the_sdks_error(servers):
+    client = an(servers["failing"].port)
+    with pytest.raises(anthropic.APIError, match="injected failure"):
+        with client.messages.stream(model="x", max_tokens=50, messages=MESSAGES) as s:
+            s.get_final_message()
+    with pytest.raises(anthropic.InternalServerError):
+        client.messages.create(model="x", max_tokens=50, messages=MESSAGES)
+
+
+def test_anthropic_api_key(servers):
+    with pytest.raises(anthropic.AuthenticationError):
+        an(servers["keyed"].port, api_key="wrong").messages.create(model="x", max_tokens=2, messages=MESSAGES)
+    r = an(servers["keyed"].port, api_key="sekrit").messages.create(model="x", max_tokens=2, messages=MESSAGES)
+    assert r.usage.output_tokens == 2
+
+
+ANTHROPIC_BAD = [
+    {"model": "x", "messages": MESSAGES},  # no max_tokens
+    {"model": "x", "max_tokens": 5},  # no messages
+    {"model": "x", "max_tokens": 5, "messages": [{"role": "system", "content": "hi"}]},
+    {"model": "x", "max_tokens": 5, "messages": [{"role": "user", "content": 7}]},
+    {"model": "x", "max_tokens": 5, "messages": [{"role": "user", "content": ""}]},
+    {"model": "x", "max_tokens": 5000, "messages": MESSAGES},
+    {"model": "x", "max_tokens": "5", "messages": MESSAGES},
+    {"model": "x", "max_tokens": 5, "messages": MESSAGES, "temperature": 1.5},
+]
+
+
+@pytest.mark.parametrize("body", ANTHROPIC_BAD)
+def test_anthropic_bad_inputs_in_anthropics_error_shape(servers, body):
+    r = httpx.post(f"http://127.0.0.1:{servers['plain'].port}/v1/messages", json=body, timeout=30)
+    assert r.status_code == 400
+    value = r.json()
+    assert value["type"] == "error" and value["error"]["type"] == "invalid_request_error" and value["error"]["message"]
+
+
+def test_anthropic_sdk_raises_bad_request(servers):
+    with pytest.raises(anthropic.BadRequestError):
+        an(servers["plain"].port).messages.create(model="x", max_tokens=0, messages=MESSAGES)
+
+
+# --- StopMatcher without sockets ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cut", range(1, 12))
+def test_stop_matcher_at_every_split(cut):
+    text = "Hello STOP world"
+    m = StopMatcher(["STOP"])
+    out = m.push(text[:cut]) + m.push(text[cut:]) + m.flush()
+    assert out == "Hello " and m.matched == "STOP"
+
+
+def test_stop_matcher_holds_only_what_could_start_a_stop_string():
+    m = StopMatcher(["</end>", "##"])
+    assert m.push("a <") == "a " and m.held == "<"
+    assert m.push("b") == "<b" and m.held == ""
+    assert m.push("x #") == "x " and m.push("y") == "#y"
+    assert m.push("tail </en") == "tail " and m.flush() == "</en" and m.matched is None
+
+
+def test_stop_matcher_earliest_stop_wins_and_nothing_after():
+    m = StopMatcher(["bb", "a"])
+    assert m.push("xxbba") == "xx" and m.matched == "bb"
+    assert m.push("more") == "" and m.flush() == ""
+
+
+# --- measuring the formats on the wire ------------------------------------------------------------
+
+
+def run(*args):
+    import subprocess
+    import sys
+
+    from helpers import ROOT
+
+    out = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def test_event_bytes_live_against_a_running_server(servers, tmp_path):
+    out = run("event_bytes.py", "--live", "--port", str(servers["plain"].port), "--max-tokens", "20")
+    lines = out.splitlines()
+    assert "  SSE event (/stream)             article   23 bytes, ours   23.0 bytes" in lines
+    assert "  WebSocket frame (/ws)           article   17 bytes, ours   17.0 bytes" in lines
+    assert any(line.startswith("  Anthropic content_block_delta   article  118 bytes, ours") for line in lines)
+    ratios = {line[2:29].strip(): float(line.rsplit("(", 1)[1].rstrip("x)")) for line in lines[-5:]}
+    assert ratios["our /ws"] < ratios["our /stream"] < ratios["Anthropic events"] < ratios["OpenAI chunks, no padding"]
+    assert ratios["OpenAI chunks, no padding"] < ratios["OpenAI chunks, padded"]
+
+
+@pytest.mark.parametrize("fmt", ["openai", "anthropic"])
+def test_measure_in_each_format_through_any_url(servers, fmt, tmp_path):
+    port = servers["plain"].port
+    saved = tmp_path / "measure.json"
+    out = run(
+        "client.py",
+        "measure",
+        "--format",
+        fmt,
+        "--url",
+        f"http://127.0.0.1:{port}",
+        "--prompts",
+        "1",
+        "--save",
+        str(saved),
+    )
+    assert json.loads(saved.read_text())[f"{fmt} stream"]["ratio"] > 2
+    out += run(
+        "client.py",
+        "measure",
+        "--format",
+        fmt,
+        "--url",
+        f"http://127.0.0.1:{port}",
+        "--prompts",
+        "1",
+        "--max-tokens",
+        "8",
+        "--save",
+        "",
+    )
+    assert f"{fmt} stream first text after" in out and "the same text both ways: True" in out
