@@ -333,12 +333,15 @@ def main(argv=None):
     p.add_argument("--prompts", type=int, default=5)
     p.add_argument("--max-tokens", type=int, default=100)
     p.add_argument("--format", choices=["ours", "openai", "anthropic"], default="ours")
-    p.add_argument("--url", default=None, help="openai/anthropic: base URL of any server or proxy (http or https)")
+    p.add_argument("--url", default=None, help="base URL of any server or proxy (openai/anthropic: http or https)")
     p.add_argument(
         "--api-key", default=None, help="openai/anthropic: the key (else $OPENAI_API_KEY / $ANTHROPIC_API_KEY)"
     )
     p.add_argument("--save", default="results/measure.json", help="where to save the figures ('' to skip)")
     args = p.parse_args(argv)
+    if args.url and args.format == "ours":  # our own endpoints through any host:port (a proxy, say)
+        u = urlsplit(args.url)
+        args.host, args.port, args.url = u.hostname, u.port or 80, None
 
     async def run():
         info = await server_info(args.host, args.port) if args.url is None else {"url": args.url}
