@@ -98,6 +98,7 @@ def openai_request(body):
         "seed": number(body, "seed", 0, 0, 2**63 - 1, fail, integer=True),
         "temperature": number(body, "temperature", 1.0, 0, 2, fail),
         "top_p": number(body, "top_p", 1.0, 1e-6, 1, fail),
+        "ignore_eos": body.get("ignore_eos") is True,  # vLLM's extension, for measurements
     }
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):

@@ -66,10 +66,10 @@ async def read_head(r, w, buffer=b""):
     return status, headers, rest, received
 
 
-async def post(path, prompt, n, stop_after=None, host=None, port=None, seed=0):
+async def post(path, prompt, n, stop_after=None, host=None, port=None, seed=0, extra=None):
     """POST a prompt to /complete or /stream and time what comes back."""
     r, w = await asyncio.open_connection(host or HOST, port or PORT)
-    body = json.dumps({"prompt": prompt, "max_tokens": n, "seed": seed}).encode()
+    body = json.dumps({"prompt": prompt, "max_tokens": n, "seed": seed, **(extra or {})}).encode()
     t0 = time.perf_counter()
     w.write(
         b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
@@ -118,7 +118,7 @@ async def post(path, prompt, n, stop_after=None, host=None, port=None, seed=0):
         w.close()
 
 
-async def websocket(prompt, n, stop_after=None, host=None, port=None, seed=0):
+async def websocket(prompt, n, stop_after=None, host=None, port=None, seed=0, extra=None):
     """Stream over GET /ws; after `stop_after` pieces send {"stop": true} and read to the end."""
     r, w = await asyncio.open_connection(host or HOST, port or PORT)
     key = base64.b64encode(os.urandom(16)).decode()
@@ -134,7 +134,7 @@ async def websocket(prompt, n, stop_after=None, host=None, port=None, seed=0):
         status, headers, rest, received = await read_head(r, w)
         if status != 101 or headers.get("sec-websocket-accept") != ws.accept_key(key):
             raise ServerError(f"the WebSocket handshake failed: {status}")
-        w.write(ws.text_frame(json.dumps({"prompt": prompt, "max_tokens": n, "seed": seed}), mask()))
+        w.write(ws.text_frame(json.dumps({"prompt": prompt, "max_tokens": n, "seed": seed, **(extra or {})}), mask()))
         parser = ws.Parser(mask_required=False)
         parser.feed(rest)
         pieces, arrivals, first, stopped, close_code = [], [], None, False, None

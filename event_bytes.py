@@ -73,14 +73,16 @@ async def whole_answers(port, prompt, n):
     import client
 
     url = f"http://127.0.0.1:{port}"
+    ask = f"Continue this paragraph for about 300 words: {prompt}"  # a chat model answers a question
+    exact = {"ignore_eos": True}  # exactly n tokens in every format, however short the model's answer
     runs = {
-        "our /stream": client.post("/stream", prompt, n, port=port),
-        "our /ws": client.websocket(prompt, n, port=port),
-        "OpenAI chunks, padded": client.api_post("openai", prompt, n, url),
+        "our /stream": client.post("/stream", prompt, n, port=port, extra=exact),
+        "our /ws": client.websocket(prompt, n, port=port, extra=exact),
+        "OpenAI chunks, padded": client.api_post("openai", ask, n, url, extra=exact),
         "OpenAI chunks, no padding": client.api_post(
-            "openai", prompt, n, url, extra={"stream_options": {"include_obfuscation": False}}
+            "openai", ask, n, url, extra=dict(exact, stream_options={"include_obfuscation": False})
         ),
-        "Anthropic events": client.api_post("anthropic", prompt, n, url),
+        "Anthropic events": client.api_post("anthropic", ask, n, url, extra=exact),
     }
     out = {}
     for name, run in runs.items():
@@ -113,7 +115,7 @@ def live(port, n=100):
     print(f"  (the padded OpenAI chunk varies from {lo} to {hi} bytes: that is the point of the padding)")
     prompt = json.load(open("prompts.json"))[0]["prompt"]
     whole = asyncio.run(whole_answers(port, prompt, n))
-    print(f"over a whole {n}-token answer, every byte received (headers included) per byte of text:")
+    print(f"over a whole {n}-token answer (ignore_eos), every byte received, headers included, per byte of text:")
     for name, w in whole.items():
         print(
             f"  {name:27s} {w['bytes']:7,d} bytes for {w['text_bytes']:5,d} bytes of text in {w['pieces']:3d} pieces ({w['ratio']:.1f}x)"

@@ -45,7 +45,16 @@ def parse_params(body):
         "seed": number(body, "seed", 0, 0, 2**63 - 1, integer=True),
         "temperature": number(body, "temperature", 1.0, 0, 100),
         "top_p": number(body, "top_p", 0.9, 1e-6, 1.0),
+        "ignore_eos": flag(body, "ignore_eos"),
     }
+
+
+def flag(body, name):
+    """A boolean option (vLLM's `ignore_eos`: generate exactly max_tokens, for measurements)."""
+    value = body.get(name, False)
+    if not isinstance(value, bool):
+        raise ProtocolError(f"{name} must be true or false", 422, kind="invalid_request")
+    return value
 
 
 def encode_prompt(params):

@@ -360,10 +360,13 @@ def _cache_kwarg(m):
     return "cache" if "cache" in inspect.signature(m.forward).parameters else "past_key_values"
 
 
-def tokens(prompt, max_tokens, *, seed=0, temperature=1.0, top_p=0.9, repetition_penalty=1.0, stop=None):
+def tokens(
+    prompt, max_tokens, *, seed=0, temperature=1.0, top_p=0.9, repetition_penalty=1.0, stop=None, ignore_eos=False
+):
     """Yield up to max_tokens sampled token ids for the prompt (a string or a list of ids).
 
-    The last id may be a stop id (EOS), after which nothing follows. `stop` is a
+    The last id may be a stop id (EOS), after which nothing follows (unless ignore_eos, for
+    measurements that need exactly max_tokens). `stop` is a
     threading.Event checked before every token, as in the article: a set flag ends generation
     before the next forward pass. One prefill, then one forward pass per token with a KV cache.
     """
@@ -387,6 +390,6 @@ def tokens(prompt, max_tokens, *, seed=0, temperature=1.0, top_p=0.9, repetition
             token = choose(logits, history, g, p=top_p, temperature=temperature, repetition_penalty=repetition_penalty)
             history.append(token)
             yield token
-            if token in ends:
+            if token in ends and not ignore_eos:
                 return
             x = torch.tensor([[token]], device=DEVICE)

@@ -46,6 +46,7 @@ HTTP_CASES = [
     ("temperature -1", post(b"/complete", {"prompt": "a", "temperature": -1}), 422),
     ("top_p 0", post(b"/stream", {"prompt": "a", "top_p": 0}), 422),
     ("seed -1", post(b"/complete", {"prompt": "a", "seed": -1}), 422),
+    ("ignore_eos not a boolean", post(b"/complete", {"prompt": "a", "ignore_eos": "yes"}), 422),
     ("prompt past the context", post(b"/complete", {"prompt": " a" * 30000, "max_tokens": 4096}), 422),
     ("ws without Upgrade", b"GET /ws HTTP/1.1\r\n" + H + b"\r\n", 426),
     ("POST /ws", post(b"/ws", {}), 405),
