@@ -288,31 +288,8 @@ def test_event_bytes_live_against_a_running_server(servers, tmp_path):
 def test_measure_in_each_format_through_any_url(servers, fmt, tmp_path):
     port = servers["plain"].port
     saved = tmp_path / "measure.json"
-    out = run(
-        "client.py",
-        "measure",
-        "--format",
-        fmt,
-        "--url",
-        f"http://127.0.0.1:{port}",
-        "--prompts",
-        "1",
-        "--save",
-        str(saved),
-    )
+    measure = ["client.py", "measure", "--format", fmt, "--url", f"http://127.0.0.1:{port}", "--prompts", "1"]
+    out = run(*measure, "--save", str(saved))
     assert json.loads(saved.read_text())[f"{fmt} stream"]["ratio"] > 2
-    out += run(
-        "client.py",
-        "measure",
-        "--format",
-        fmt,
-        "--url",
-        f"http://127.0.0.1:{port}",
-        "--prompts",
-        "1",
-        "--max-tokens",
-        "8",
-        "--save",
-        "",
-    )
+    out += run(*measure, "--max-tokens", "8", "--save", "")
     assert f"{fmt} stream first text after" in out and "the same text both ways: True" in out
