@@ -45,7 +45,13 @@ CACHE = Path(os.environ.get("LM_CACHE", Path.home() / ".cache" / "streaming-toke
 DTYPES = ("bfloat16", "float16", "float32")
 NAMED = ("bundled", "tiny")  # the names that are not a hub id, folder or .gguf path
 
-_setting = {"model": os.environ.get("LM_MODEL", "bundled"), "device": None, "dtype": None}
+_setting = {
+    "model": os.environ.get("LM_MODEL", "bundled"),
+    "device": None,
+    "dtype": None,
+    "quantize": os.environ.get("LM_QUANTIZE", "none"),
+}
+QUANTIZE = ("none", "int8")
 _loaded = {}  # "tok" and "model", filled once
 
 
@@ -69,13 +75,17 @@ def add_arguments(parser):
     )
     parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best found)")
     parser.add_argument("--dtype", default=None, help="bfloat16, float16 or float32 (default: per device)")
+    parser.add_argument(
+        "--quantize", default=None, choices=QUANTIZE, help="int8: dynamic int8 Linear layers on CPU ($LM_QUANTIZE)"
+    )
 
 
-def configure(args=None, *, model=None, device=None, dtype=None):
+def configure(args=None, *, model=None, device=None, dtype=None, quantize=None):
     """Set the model, device and dtype before the first use; from parsed args or keywords."""
     if args is not None:
         model, device, dtype = args.model, args.device, args.dtype
-    if _loaded and (model or device or dtype):
+        quantize = getattr(args, "quantize", None)
+    if _loaded and (model or device or dtype or quantize):
         raise ModelError("configure() must come before the model or tokenizer is first used")
     if model:
         _setting["model"] = model
@@ -85,9 +95,17 @@ def configure(args=None, *, model=None, device=None, dtype=None):
         if dtype not in DTYPES:
             raise ModelError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
         _setting["dtype"] = dtype
+    if quantize:
+        _setting["quantize"] = quantize
+    if _setting["quantize"] not in QUANTIZE:
+        raise ModelError(f"unknown quantization {_setting['quantize']!r}: choose one of {', '.join(QUANTIZE)}")
     global DEVICE
     DEVICE = device_name()
     check_model_name(_setting["model"])
+
+
+def quantization():
+    return _setting["quantize"]
 
 
 def model_name():
@@ -316,9 +334,25 @@ def model():
     else:
         m = AutoModelForCausalLM.from_pretrained(name, dtype=dtype())
     m = m.to(device=DEVICE, dtype=dtype()).eval()
+    if _setting["quantize"] == "int8":
+        m = quantize_int8(m)
     _loaded["model"] = m
     _loaded["load_seconds"] = time.perf_counter() - t0
     return m
+
+
+def quantize_int8(m):
+    """Dynamic int8 quantization of every Linear layer (weights int8, activations quantized on
+    the fly by fbgemm). On an AVX2-only CPU, decode is memory-bound: a quarter of float32's bytes
+    gives 72 ms a token instead of 173, and the prefill is 3x faster. Costs about 10 s at every
+    load and some accuracy; torch marks this API deprecated, so it is an opt-in, not a default."""
+    if DEVICE != "cpu" or dtype() != torch.float32:
+        raise ModelError("--quantize int8 runs on the CPU in float32 (use --device cpu --dtype float32)")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao.quantization's deprecation notices
+        return torch.ao.quantization.quantize_dynamic(m, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
 
 
 def load_seconds():

@@ -53,7 +53,8 @@ for n_words in (50, 300):
         f"{k / generating:.1f} s before the first word, with it about {first:.2f} s"
     )
 print(
-    f"(model {lm.model_name()} on {lm.DEVICE} in {str(lm.dtype()).removeprefix('torch.')}: loaded in {load:.1f} s, "
+    f"(model {lm.model_name()} on {lm.DEVICE} in {str(lm.dtype()).removeprefix('torch.')}"
+    f"{', int8 Linear layers' if lm.quantization() == 'int8' else ''}: loaded in {load:.1f} s, "
     f"{n} tokens in {total:.2f} s, {generating:.1f} tokens/s, first token after {first:.2f} s)"
 )
 Path("results").mkdir(exist_ok=True)

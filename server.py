@@ -169,6 +169,7 @@ class Server:
             "model": lm.model_name(),
             "device": lm.DEVICE,
             "dtype": str(lm.dtype()).removeprefix("torch."),
+            "quantize": lm.quantization(),
             "naive": self.args.naive,
             "active_generations": len(ACTIVE),
             "generation_threads": sum(t.name == "generate" for t in threading.enumerate()),
@@ -601,6 +602,7 @@ def main(argv=None):
     for _ in lm.tokens("Hello", 2):  # warm up, so the first request's time to first text is honest
         pass
     dtype = str(lm.dtype()).removeprefix("torch.")
+    dtype += ", int8 Linear layers" if lm.quantization() == "int8" else ""
     print(f"model {lm.model_name()} on {lm.DEVICE} in {dtype}, ready in {time.perf_counter() - t0:.1f} s", flush=True)
     asyncio.run(serve(args))
 

@@ -103,3 +103,23 @@ def test_the_bundled_model_loads_and_continues_a_prompt_sensibly():
     )
     out = run_script("-c", code)
     assert "Paris" in out
+
+
+def test_unknown_quantization_lists_the_choices(monkeypatch):
+    monkeypatch.setattr(lm, "_loaded", {})
+    monkeypatch.setattr(lm, "_setting", dict(lm._setting))
+    with pytest.raises(lm.ModelError, match="none, int8"):
+        lm.configure(quantize="int4")
+
+
+def test_int8_quantization_generates_the_same_way_every_time():
+    code = (
+        "import lm\n"
+        "lm.configure(model='tiny', device='cpu', dtype='float32', quantize='int8')\n"
+        "m = lm.model()\n"
+        "assert 'Dynamic' in type(m.model.layers[0].mlp.up_proj).__name__ or 'quantized' in type(m.model.layers[0].mlp.up_proj).__module__\n"
+        "a = list(lm.tokens('Hello there', 12, seed=1))\n"
+        "assert a == list(lm.tokens('Hello there', 12, seed=1)) and len(a) == 12\n"
+        "print('ok')\n"
+    )
+    assert run_script("-W", "error", "-c", code).strip() == "ok"
