@@ -313,16 +313,21 @@ def summarize(rows):
     return lines, figures
 
 
-async def server_info(host=None, port=None):
-    """The server's model, device and dtype, from GET /metrics."""
+async def get_json(path, host=None, port=None):
+    """GET one of the server's JSON endpoints (/log, /metrics, /v1/models)."""
     r, w = await asyncio.open_connection(host or HOST, port or PORT)
-    w.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-    status, headers, rest, _ = await read_head(r, w)
+    w.write(b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % path.encode())
+    _, _, rest, _ = await read_head(r, w)
     while chunk := await r.read(65536):
         rest += chunk
     w.close()
-    m = json.loads(rest)
-    return {k: m.get(k) for k in ("model", "device", "dtype")}
+    return json.loads(rest)
+
+
+async def server_info(host=None, port=None):
+    """The server's model, device and dtype, from GET /metrics."""
+    m = await get_json("/metrics", host, port)
+    return {k: m.get(k) for k in ("model", "device", "dtype", "quantize")}
 
 
 def main(argv=None):

@@ -96,7 +96,7 @@ def live(port, n=100):
     import client
 
     info = asyncio.run(client.server_info(port=port))
-    model_id = asyncio.run(get_model_id(port))
+    model_id = asyncio.run(client.get_json("/v1/models", port=port))["data"][0]["id"]
     e = one_event(model_id)
     print(
         f'one event carrying "{text}" ({len(text.encode())} bytes of text): the article\'s, and as this server writes it'
@@ -121,18 +121,6 @@ def live(port, n=100):
             f"  {name:27s} {w['bytes']:7,d} bytes for {w['text_bytes']:5,d} bytes of text in {w['pieces']:3d} pieces ({w['ratio']:.1f}x)"
         )
     return dict(info, one_event=e, article=ARTICLE, whole_answer=whole, max_tokens=n)
-
-
-async def get_model_id(port):
-    import client
-
-    r, w = await asyncio.open_connection("127.0.0.1", port)
-    w.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
-    _, _, rest, _ = await client.read_head(r, w)
-    while chunk := await r.read(65536):
-        rest += chunk
-    w.close()
-    return json.loads(rest)["data"][0]["id"]
 
 
 def main(argv=None):

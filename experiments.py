@@ -36,21 +36,11 @@ def say(message):
     print(f"[experiments] {message}", file=sys.stderr, flush=True)
 
 
-async def get_json(port, path, host=None):
-    r, w = await asyncio.open_connection(host or client.HOST, port)
-    w.write(b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % path.encode())
-    _, _, rest, _ = await client.read_head(r, w)
-    while chunk := await r.read(65536):
-        rest += chunk
-    w.close()
-    return json.loads(rest)
-
-
 async def new_log_entry(port, before):
     """The server's record of the request after the first `before` ones, once it has finished."""
     deadline = time.monotonic() + LOG_WAIT
     while time.monotonic() < deadline:
-        log = await get_json(port, "/log")
+        log = await client.get_json("/log", port=port)
         if len(log) > before:
             return log[before]
         await asyncio.sleep(0.1)
@@ -58,7 +48,7 @@ async def new_log_entry(port, before):
 
 
 async def leave(port):
-    before = len(await get_json(port, "/log"))
+    before = len(await client.get_json("/log", port=port))
     await client.post("/stream", PROMPT, N, stop_after=LEAVE_AFTER, port=port)
     path, generated, left = await new_log_entry(port, before)
     print(f"SSE client left after {LEAVE_AFTER} pieces: the server generated {generated} tokens in all", flush=True)
@@ -66,7 +56,7 @@ async def leave(port):
 
 
 async def stop(port):
-    before = len(await get_json(port, "/log"))
+    before = len(await client.get_json("/log", port=port))
     await client.websocket(PROMPT, N, stop_after=LEAVE_AFTER, port=port)
     path, generated, stopped = await new_log_entry(port, before)
     print(
