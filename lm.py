@@ -323,7 +323,6 @@ def model():
 
     name = _setting["model"]
     check_model_name(name)
-    t0 = time.perf_counter()
     if name == "tiny":
         m = tiny_model(load_tokenizer())
     elif name == "bundled":
@@ -337,7 +336,6 @@ def model():
     if _setting["quantize"] == "int8":
         m = quantize_int8(m)
     _loaded["model"] = m
-    _loaded["load_seconds"] = time.perf_counter() - t0
     return m
 
 
@@ -353,10 +351,6 @@ def quantize_int8(m):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.ao.quantization's deprecation notices
         return torch.ao.quantization.quantize_dynamic(m, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
-
-
-def load_seconds():
-    return _loaded.get("load_seconds")
 
 
 class _LazyTokenizer:

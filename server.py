@@ -251,29 +251,46 @@ class Server:
         conn.writer.write(SSE_HEAD)
         conn.started = True
         watcher = self.watcher(conn, job)
-        left = False
-
-        async def ping():
-            return await self.send(conn, sse.comment("ping"))
-
         try:
-            async for piece in self.pieces(job, on_silence=ping):
-                if left:
-                    continue  # --naive: keep generating for nobody
-                if not await self.send(conn, sse.event(json.dumps({"text": piece}))):
-                    left = True
-                    if not self.args.naive:
-                        job.stop.set()
-                        break
+            left = await self.relay(
+                conn, job, lambda piece: sse.event(json.dumps({"text": piece})), sse.comment("ping")
+            )
             end = b"data: [DONE]\n\n"
         except ProtocolError as e:  # after the 200 the status can't change: an error event
-            end = sse.event(json.dumps(error_body(e)), event="error")
-        left = left or job.stop.is_set()
+            left, end = False, sse.event(json.dumps(error_body(e)), event="error")
         if watcher:
             watcher.cancel()
+        left = left or conn.gone
         if not left:
             await self.send(conn, end)
         self.record("/stream", await job.done, left)
+
+    async def relay(self, conn, job, frame, keep_alive, matcher=None):
+        """Send each piece of the job as `frame(piece)` (through a StopMatcher if given), and
+        `keep_alive` during silence; return whether the reader left. Without --naive a failed
+        write stops the job; with it, the job goes on for nobody. Raises the job's failure."""
+        left = False
+
+        async def silence():
+            nonlocal left
+            left = left or not await self.send(conn, keep_alive)
+            return not left
+
+        async for piece in self.pieces(job, on_silence=silence):
+            if left:
+                continue  # --naive: keep generating for nobody
+            text = matcher.push(piece) if matcher else piece
+            if text and not await self.send(conn, frame(text)):
+                left = True
+                if not self.args.naive:
+                    job.stop.set()
+                    break
+            if matcher and matcher.matched is not None:
+                job.stop.set()
+                break
+        if matcher and not left and (rest := matcher.flush()):
+            left = not await self.send(conn, frame(rest))
+        return left
 
     # --- GET /ws: WebSocket ------------------------------------------------------------------
 
@@ -412,29 +429,14 @@ class Server:
         conn.started = True
         watcher = self.watcher(conn, job)
         matcher = apis.StopMatcher(options["stop"])
-        left = not await self.send(conn, enc.role() if openai else enc.start())
-
-        async def silence():  # Anthropic sends ping events; for OpenAI's clients a comment does
-            return await self.send(conn, sse.comment("ping") if openai else enc.ping())
-
+        first = await self.send(conn, enc.role() if openai else enc.start())
+        # Anthropic sends ping events during silence; for OpenAI's clients a comment does.
+        keep_alive = sse.comment("ping") if openai else enc.ping()
         end = None
         try:
-            async for piece in self.pieces(job, on_silence=silence):
-                if left:
-                    continue  # --naive
-                text = matcher.push(piece)
-                if text and not await self.send(conn, enc.text(text)):
-                    left = True
-                    if not self.args.naive:
-                        job.stop.set()
-                        break
-                if matcher.matched is not None:
-                    job.stop.set()
-                    break
-            if rest := matcher.flush():
-                left = left or not await self.send(conn, enc.text(rest))
+            left = await self.relay(conn, job, enc.text, keep_alive, matcher) or not first
         except ProtocolError as e:  # after the 200: the API's own error event
-            end = enc.error(e.message)
+            left, end = not first, enc.error(e.message)
         if watcher:
             watcher.cancel()
         produced = await job.done
