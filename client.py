@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import http11
 import sse
 import ws
 
@@ -66,22 +67,38 @@ async def read_head(r, w, buffer=b""):
     return status, headers, rest, received
 
 
+class Body:
+    """A response body as it arrives: as is (to end-of-file), or decoded from chunked transfer
+    coding, which a proxy such as nginx uses towards an HTTP/1.1 client; `done` at its last chunk."""
+
+    def __init__(self, headers):
+        chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+        self.decoder = http11.ChunkedDecoder() if chunked else None
+
+    @property
+    def done(self):
+        return self.decoder is not None and self.decoder.done
+
+    def feed(self, data):
+        return self.decoder.feed(data) if self.decoder else data
+
+
 async def post(path, prompt, n, stop_after=None, host=None, port=None, seed=0, extra=None):
     """POST a prompt to /complete or /stream and time what comes back."""
     r, w = await asyncio.open_connection(host or HOST, port or PORT)
     body = json.dumps({"prompt": prompt, "max_tokens": n, "seed": seed, **(extra or {})}).encode()
     t0 = time.perf_counter()
     w.write(
-        b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
-        % (path.encode(), (host or HOST).encode(), len(body))
-        + body
+        b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+        b"Connection: close\r\n\r\n" % (path.encode(), (host or HOST).encode(), len(body)) + body
     )
     try:
         status, headers, rest, received = await read_head(r, w)
+        body = Body(headers)
         if path != "/stream":
-            data = rest
-            while chunk := await r.read(65536):
-                data += chunk
+            data = body.feed(rest)
+            while not body.done and (chunk := await r.read(65536)):
+                data += body.feed(chunk)
                 received += len(chunk)
             end = time.perf_counter() - t0
             value = json.loads(data)
@@ -93,7 +110,7 @@ async def post(path, prompt, n, stop_after=None, host=None, port=None, seed=0, e
         parser, pieces, arrivals, first, done = sse.EventParser(), [], [], None, False
         chunk = rest
         while True:
-            for event in parser.feed(chunk):
+            for event in parser.feed(body.feed(chunk)):
                 if event.event == "error":
                     raise ServerError(f"error event: {event.data}")
                 if event.data == "[DONE]":
@@ -107,6 +124,8 @@ async def post(path, prompt, n, stop_after=None, host=None, port=None, seed=0, e
                 w.close()  # leave, then give the server a moment to notice
                 await asyncio.sleep(LEAVE_PAUSE)
                 return Result(first, time.perf_counter() - t0, received, pieces, arrivals)
+            if body.done:
+                break
             chunk = await r.read(65536)
             if not chunk:
                 break
@@ -223,10 +242,11 @@ async def api_post(fmt, prompt, n, url, stream=True, api_key=None, model=None, s
     )
     try:
         status, headers, rest, received = await read_head(r, w)
+        body = Body(headers)
         if status != 200 or not stream:
-            data = rest
-            while chunk := await r.read(65536):
-                data += chunk
+            data = body.feed(rest)
+            while not body.done and (chunk := await r.read(65536)):
+                data += body.feed(chunk)
                 received += len(chunk)
             if status != 200:
                 raise ServerError(f"{status}: {data[:500].decode(errors='replace')}")
@@ -240,7 +260,7 @@ async def api_post(fmt, prompt, n, url, stream=True, api_key=None, model=None, s
         parser, pieces, arrivals, first = sse.EventParser(), [], [], None
         chunk = rest
         while True:
-            for event in parser.feed(chunk):
+            for event in parser.feed(body.feed(chunk)):
                 text = api_text(fmt, event)
                 if text:
                     now = time.perf_counter() - t0
@@ -250,6 +270,8 @@ async def api_post(fmt, prompt, n, url, stream=True, api_key=None, model=None, s
             if stop_after and len(pieces) >= stop_after:
                 w.close()
                 await asyncio.sleep(LEAVE_PAUSE)
+                break
+            if body.done:
                 break
             chunk = await r.read(65536)
             if not chunk:
@@ -316,12 +338,14 @@ def summarize(rows):
 async def get_json(path, host=None, port=None):
     """GET one of the server's JSON endpoints (/log, /metrics, /v1/models)."""
     r, w = await asyncio.open_connection(host or HOST, port or PORT)
-    w.write(b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % path.encode())
-    _, _, rest, _ = await read_head(r, w)
-    while chunk := await r.read(65536):
-        rest += chunk
+    w.write(b"GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % path.encode())
+    _, headers, rest, _ = await read_head(r, w)
+    body = Body(headers)
+    data = body.feed(rest)
+    while not body.done and (chunk := await r.read(65536)):
+        data += body.feed(chunk)
     w.close()
-    return json.loads(rest)
+    return json.loads(data)
 
 
 async def server_info(host=None, port=None):

@@ -2,6 +2,7 @@
 
     python experiments.py leave|stop|proxy [--port 8765] [--proxy-port 8766]   # against running ones
     python experiments.py all [--model bundled]                                   # starts everything
+    python experiments.py nginx [--model bundled]                                 # through a real nginx
 
 `leave` reads 10 pieces of a 100-token /stream, closes, and reads from GET /log how many tokens
 the server generated in all; `stop` does the same over /ws with {"stop": true}; `proxy` sends
@@ -9,7 +10,10 @@ one /stream through the proxy on --proxy-port. `all` is what a reader of the art
 otherwise start by hand: the server, the same server with --naive, the buffering proxy and the
 honoring proxy, each a child process on a free port, waited for until it answers and stopped on
 any exit. It runs `client.py measure`, every experiment, checks the article's conclusions on our
-numbers, and saves results/experiments.json and results/timeline.png.
+numbers, and saves results/experiments.json and results/timeline.png. `nginx` runs the path
+through Debian's nginx (nginxctl.py): honoring X-Accel-Buffering and told to ignore it, a reader
+leaving, a /ws stop, and an idle timeout with and without keep-alive pings; it saves
+results/nginx.json.
 """
 
 import argparse
@@ -75,6 +79,101 @@ async def proxy(port):
         flush=True,
     )
     return r
+
+
+# --- `nginx`: the same path through a real nginx (nginxctl.py, nginx/streaming.conf) -----------
+
+QUIET_S = 4.0  # nginx case (d): seconds of silence before the first token, as a long prompt's prefill
+READ_TIMEOUT = "2s"  # nginx case (d): proxy_read_timeout, shorter than that silence
+QUIET_TOKENS = 20  # nginx case (d): a short answer after the silence
+
+
+async def through_nginx(server, quiet, pinging):
+    """The five nginx cases; `server` is a plain server's port, `quiet` and `pinging` servers that
+    stay silent QUIET_S s before the first token, without and with keep-alive pings every second."""
+    from nginxctl import Nginx
+
+    r, c = {}, []
+    with Nginx(server) as n:
+        a = await client.post("/stream", PROMPT, N, port=n.port)
+    r["honored"] = {"first_s": a.first, "total_s": a.total, "pieces": len(a.pieces), "bytes": a.received}
+    print(
+        f"through nginx, X-Accel-Buffering: no honored: first text after {a.first:.2f} s, "
+        f"the end after {a.total:.2f} s, {len(a.pieces)} pieces",
+        flush=True,
+    )
+    with Nginx(server, ["proxy_ignore_headers X-Accel-Buffering;"]) as n:
+        b = await client.post("/stream", PROMPT, N, port=n.port)
+    r["ignored"] = {"first_s": b.first, "total_s": b.total, "pieces": len(b.pieces), "bytes": b.received}
+    print(
+        f"through nginx told to ignore it (proxy_ignore_headers): first text after {b.first:.2f} s, "
+        f"the end after {b.total:.2f} s",
+        flush=True,
+    )
+    with Nginx(server) as n:
+        print("through nginx:", end=" ", flush=True)
+        r["leave"] = await leave(n.port)
+        print("through nginx:", end=" ", flush=True)
+        r["ws_stop"] = await stop(n.port)
+    idle = {}
+    for name, port in (("without pings", quiet), ("with --ping 1", pinging)):
+        with Nginx(port, [f"proxy_read_timeout {READ_TIMEOUT};"]) as n:
+            t0 = time.perf_counter()
+            try:
+                d = await client.post("/stream", PROMPT, QUIET_TOKENS, port=n.port)
+                idle[name] = {"survived": True, "seconds": d.total, "pieces": len(d.pieces)}
+            except client.ServerError as e:
+                idle[name] = {"survived": False, "seconds": time.perf_counter() - t0, "error": str(e)}
+    r["idle"] = idle
+    w, p = idle["without pings"], idle["with --ping 1"]
+    print(
+        f"through nginx with proxy_read_timeout {READ_TIMEOUT} and {QUIET_S:g} s before the first token: "
+        f"without pings the stream {'ended with [DONE]' if w['survived'] else 'died'} after {w['seconds']:.1f} s; "
+        f"with --ping 1 it {'ended with [DONE]' if p['survived'] else 'died'} after {p['seconds']:.1f} s",
+        flush=True,
+    )
+    share = a.first / a.total
+    check(c, "nginx honoring X-Accel-Buffering: first text well before the end", share <= 0.10, f"{share:.1%}")
+    late = (b.total - b.first) / b.total
+    check(c, "nginx ignoring it: first text within 5% of the end", late <= 0.05, f"{late:.1%} before the end")
+    check(c, "nginx: a reader leaving after 10 pieces, at most 11 tokens", r["leave"] <= 11, r["leave"])
+    check(c, "nginx: /ws stop after 10 pieces, at most 11 tokens", r["ws_stop"] <= 11, r["ws_stop"])
+    check(c, "nginx idle timeout: dies without pings", not w["survived"], f"{w['seconds']:.1f} s")
+    check(c, "nginx idle timeout: survives with pings", p["survived"], f"{p['seconds']:.1f} s")
+    r["conclusions"] = c
+    held = sum(x["holds"] for x in c)
+    print(f"through nginx, on our numbers: {held} of {len(c)} hold", flush=True)
+    for x in c:
+        print(f"  {'holds' if x['holds'] else 'DOES NOT HOLD'}: {x['conclusion']} {x['detail']}".rstrip(), flush=True)
+    return r
+
+
+def nginx_(args):
+    import nginxctl
+
+    if not nginxctl.available():
+        print("nginx is not installed: skipping the nginx experiments (apt-get install nginx)", flush=True)
+        return None
+    children = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        model_args = ["--model", args.model] + (["--dtype", args.dtype] if args.dtype else [])
+        quiet = ["--first-delay", str(QUIET_S)]
+        say(f"starting the server and two that stay quiet {QUIET_S:g} s before the first token (model {args.model})")
+        children = [
+            Child("server", ["server.py", "--port", str(args.port), *model_args]),
+            Child("quiet server", ["server.py", "--port", "0", "--ping", "60", *quiet, *model_args]),
+            Child("pinging server", ["server.py", "--port", "0", "--ping", "1", *quiet, *model_args]),
+        ]
+        ports = [child.wait().port for child in children]
+        info = asyncio.run(client.server_info(port=ports[0]))
+        results = {"prompt": PROMPT, "max_tokens": N, **info, **asyncio.run(through_nginx(*ports))}
+    finally:
+        for child in children:
+            child.stop()
+    client.save(Path(args.results) / "nginx.json", results)
+    say(f"saved {Path(args.results) / 'nginx.json'}")
+    return results
 
 
 # --- `all`: children on free ports ------------------------------------------------------------
@@ -256,7 +355,7 @@ def all_(args):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("experiment", choices=["leave", "stop", "proxy", "all"])
+    p.add_argument("experiment", choices=["leave", "stop", "proxy", "nginx", "all"])
     p.add_argument("--host", default=client.HOST)
     p.add_argument("--port", type=int, default=None, help="the server's port (default 8765; `all`: a free one)")
     p.add_argument("--proxy-port", type=int, default=None, help="the proxy's port (default 8766; `all`: a free one)")
@@ -269,10 +368,10 @@ def main(argv=None):
     p.add_argument("--results", default="results", help="`all`: folder for experiments.json and timeline.png")
     args = p.parse_args(argv)
     client.HOST = args.host
-    if args.experiment == "all":
+    if args.experiment in ("all", "nginx"):
         args.port = args.port or 0
         args.proxy_port = args.proxy_port or 0
-        return all_(args)
+        return all_(args) if args.experiment == "all" else nginx_(args)
     port = args.port or 8765
     if args.experiment == "leave":
         asyncio.run(leave(port))

@@ -12,6 +12,7 @@ its stop flag) until the reader catches up. Leaves out batching: one thread, one
 """
 
 import asyncio
+import json
 import threading
 import time
 
@@ -47,6 +48,19 @@ def parse_params(body):
         "top_p": number(body, "top_p", 0.9, 1e-6, 1.0),
         "ignore_eos": flag(body, "ignore_eos"),
     }
+
+
+def query_body(query):
+    """A GET request's parameters (`?prompt=...&max_tokens=20`) as the JSON body a POST sends:
+    every value but the prompt read as JSON (numbers, true/false), else kept as text for
+    parse_params to reject."""
+    body = {}
+    for name, value in query.items():
+        try:
+            body[name] = value if name == "prompt" else json.loads(value)
+        except ValueError:
+            body[name] = value
+    return body
 
 
 def flag(body, name):
@@ -85,7 +99,7 @@ ACTIVE = set()  # the jobs whose thread is running; read by /metrics and shutdow
 class Job:
     """One request's generation: `stop` (an Event), `get()` for pieces, `done` (tokens produced)."""
 
-    def __init__(self, ids, params, queue_size=0, token_delay=0.0, fail_after=None):
+    def __init__(self, ids, params, queue_size=0, token_delay=0.0, fail_after=None, first_delay=0.0):
         self.loop = asyncio.get_running_loop()
         self.ids, self.params = ids, params
         self.stop = threading.Event()
@@ -94,6 +108,7 @@ class Job:
         self.done = self.loop.create_future()  # the number of tokens generated, EOS included
         self.reason = None  # why it ended: "eos", "length" (max_tokens) or "stopped" (the flag)
         self.token_delay, self.fail_after = token_delay, fail_after  # for tests and experiments
+        self.first_delay = first_delay  # testing: a silence before the first token, as a long prefill
         self.thread = threading.Thread(target=self.run, name="generate", daemon=True)
 
     def start(self):
@@ -127,6 +142,8 @@ class Job:
         try:
             d = StreamDetokenizer()
             p = self.params
+            if self.first_delay:
+                self.stop.wait(self.first_delay)
             for token in lm.tokens(
                 self.ids,
                 p["max_tokens"],

@@ -151,7 +151,9 @@ def response(status, body=b"", content_type="application/json", headers=()):
     lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}"]
     if content_type:
         lines.append(f"Content-Type: {content_type}")
-    lines += [f"Content-Length: {len(body)}", "Connection: close"]
+    if status != 204:  # a 204 has no body and must not say how long it is (RFC 9110 §8.6)
+        lines.append(f"Content-Length: {len(body)}")
+    lines.append("Connection: close")
     lines += [f"{k}: {v}" for k, v in headers]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
@@ -168,3 +170,66 @@ def error_response(err):
     """The one place a ProtocolError becomes an HTTP response: its status, a JSON body (the
     error's own `body` when an API gives errors its own shape, else ours)."""
     return json_response(err.status, getattr(err, "body", None) or error_body(err), headers=err.headers)
+
+
+MAX_CHUNK_LINE = 4096  # a chunk-size line with extensions, or a trailer line: past it the peer is broken
+
+
+class ChunkedDecoder:
+    """A chunked body (RFC 9112 §7.1) in, its data out, incrementally: `feed(bytes)` returns the
+    data those bytes completed; `done` once the last chunk and trailer section have arrived, and
+    `trailing` holds whatever followed. Proxies such as nginx send a stream to an HTTP/1.1 client
+    this way. Raises ProtocolError on a malformed chunk. Trailer fields are read and dropped."""
+
+    def __init__(self):
+        self.buffer = bytearray()
+        self.remaining = None  # data bytes left in the current chunk; None: a size line is next
+        self.crlf = False  # the CRLF after a chunk's data is next
+        self.trailer = False  # after the last chunk: trailer lines until an empty one
+        self.done = False
+        self.trailing = b""
+
+    def feed(self, data):
+        if self.done:
+            self.trailing += data
+            return b""
+        self.buffer += data
+        out = bytearray()
+        while not self.done:
+            if self.remaining:
+                take = bytes(self.buffer[: self.remaining])
+                del self.buffer[: len(take)]
+                out += take
+                self.remaining -= len(take)
+                if self.remaining:
+                    break
+                self.crlf = True
+            line = self.line()
+            if line is None:
+                break
+            if self.crlf:
+                if line:
+                    raise ProtocolError("chunk data longer than its size", 400)
+                self.crlf, self.remaining = False, None
+            elif self.trailer:
+                if not line:
+                    self.done, self.trailing = True, bytes(self.buffer)
+                    self.buffer.clear()
+            else:
+                size = line.split(b";", 1)[0].strip(b" \t")
+                if not size or not all(c in b"0123456789abcdefABCDEF" for c in size) or len(size) > 15:
+                    raise ProtocolError(f"malformed chunk size {line[:40]!r}", 400)
+                self.remaining = int(size, 16)
+                self.trailer = self.remaining == 0
+        return bytes(out)
+
+    def line(self):
+        """The next line without its CRLF (a bare LF is accepted), or None if it has not arrived."""
+        end = self.buffer.find(b"\n")
+        if end < 0:
+            if len(self.buffer) > MAX_CHUNK_LINE:
+                raise ProtocolError("chunk line too long", 400)
+            return None
+        line = bytes(self.buffer[:end]).removesuffix(b"\r")
+        del self.buffer[: end + 1]
+        return line

@@ -26,24 +26,30 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
 import apis
 import lm
+import resume
 import sse
 import ws
-from generation import ACTIVE, Job, encode_chat, encode_prompt, parse_params
-from http11 import REQUEST_TIMEOUT, ProtocolError, RequestParser, error_body, error_response, json_response
+from generation import ACTIVE, Job, encode_chat, encode_prompt, flag, parse_params, query_body
+from http11 import REQUEST_TIMEOUT, ProtocolError, RequestParser, error_body, error_response, json_response, response
+from resume import RETRY_MS
 
 ROUTES = {
-    "/complete": "POST",
-    "/stream": "POST",
-    "/ws": "GET",
-    "/log": "GET",
-    "/metrics": "GET",
-    "/v1/chat/completions": "POST",  # OpenAI's wire format (apis.py)
-    "/v1/messages": "POST",  # Anthropic's
-    "/v1/models": "GET",
+    "/": ("GET",),  # the browser page (page.html)
+    "/complete": ("POST",),
+    "/stream": ("POST", "GET"),  # GET ?prompt=...: EventSource's way, resumable
+    "/stop": ("POST",),  # {"id": stream}: stop a resumable stream now (closing it only pauses it)
+    "/ws": ("GET",),
+    "/log": ("GET",),
+    "/metrics": ("GET",),
+    "/v1/chat/completions": ("POST",),  # OpenAI's wire format (apis.py)
+    "/v1/messages": ("POST",),  # Anthropic's
+    "/v1/models": ("GET",),
 }
+PAGE = Path(__file__).with_name("page.html")
 SSE_HEAD = (
     b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
     b"X-Accel-Buffering: no\r\nConnection: close\r\n\r\n"
@@ -70,6 +76,8 @@ class Server:
         self.connections = set()  # handler tasks
         self.websockets = set()  # open WebSocket sessions, closed with 1001 at shutdown
         self.served = 0
+        self.streams = resume.Store(args.resume_streams, args.resume_keep)  # resumable streams
+        self.pumps = set()  # their tasks, which outlive their readers
 
     # --- the connection: read one request, dispatch, turn errors into responses ------------
 
@@ -134,11 +142,12 @@ class Server:
         return request, parser.trailing
 
     async def dispatch(self, conn, request, trailing):
-        method = ROUTES.get(request.path)
-        if method is None:
+        methods = ROUTES.get(request.path)
+        if methods is None:
             raise ProtocolError(f"no such path: {request.path}", 404)
-        if request.method != method:
-            raise ProtocolError(f"{request.path} takes {method}", 405, headers=[("Allow", method)])
+        if request.method not in methods:
+            allow = ", ".join(methods)
+            raise ProtocolError(f"{request.path} takes {' or '.join(methods)}", 405, headers=[("Allow", allow)])
         if request.path.startswith("/v1/"):
             await self.api(conn, request)
         elif request.path == "/log":
@@ -147,6 +156,13 @@ class Server:
             conn.writer.write(json_response(200, self.metrics()))
         elif request.path == "/ws":
             await self.websocket(conn, request, trailing)
+        elif request.path == "/":
+            page = await asyncio.to_thread(PAGE.read_bytes)
+            conn.writer.write(response(200, page, "text/html; charset=utf-8", [("Cache-Control", "no-cache")]))
+        elif request.path == "/stop":
+            self.stop_stream(conn, request.json())
+        elif request.path == "/stream" and (request.method == "GET" or self.wants_resume(request)):
+            await self.resumable(conn, request)
         else:
             params = parse_params(request.json())
             ids = await asyncio.to_thread(encode_prompt, params)
@@ -162,7 +178,14 @@ class Server:
 
     def job(self, ids, params):
         a = self.args
-        return Job(ids, params, queue_size=a.queue, token_delay=a.token_delay, fail_after=a.fail_after).start()
+        return Job(
+            ids,
+            params,
+            queue_size=a.queue,
+            token_delay=a.token_delay,
+            fail_after=a.fail_after,
+            first_delay=a.first_delay,
+        ).start()
 
     def metrics(self):
         return {
@@ -207,7 +230,8 @@ class Server:
         except ConnectionError:
             pass
         conn.gone = True
-        job.stop.set()
+        if job is not None:
+            job.stop.set()
 
     def watcher(self, conn, job):
         return None if self.args.naive else asyncio.create_task(self.watch(conn, job))
@@ -291,6 +315,91 @@ class Server:
         if matcher and not left and (rest := matcher.flush()):
             left = not await self.send(conn, frame(rest))
         return left
+
+    # --- resumable streams: GET /stream, Last-Event-ID, POST /stop (resume.py) -----------------
+
+    def wants_resume(self, request):
+        """A POST /stream is the article's (it stops when its reader leaves) unless it resumes an
+        earlier stream or its body asks for {"resumable": true}."""
+        if "last-event-id" in request.headers or "last_event_id" in request.query:
+            return True
+        return flag(request.json(), "resumable")
+
+    async def resumable(self, conn, request):
+        last = request.headers.get("last-event-id", request.query.get("last_event_id"))
+        if last is not None:  # a reader coming back: what it missed, then the live rest
+            found = self.streams.find(last)
+            if found is None:  # unknown, forgotten, or already complete: 204 stops EventSource
+                conn.writer.write(response(204, content_type=None))
+                return
+            await self.follow(conn, *found)
+            return
+        body = query_body(request.query) if request.method == "GET" else request.json()
+        body.pop("resumable", None)
+        params = parse_params(body)
+        ids = await asyncio.to_thread(encode_prompt, params)
+        rec = self.streams.create(self.job(ids, params))
+        rec.add(json.dumps({"id": rec.id}), event="stream")  # event 0 names the stream, for /stop
+        pump = asyncio.create_task(self.pump(rec))
+        self.pumps.add(pump)
+        pump.add_done_callback(self.pumps.discard)
+        await self.follow(conn, rec, -1)
+
+    async def pump(self, rec):
+        """Move the job's pieces into its recording, whoever is reading (or nobody, for a while)."""
+        job = rec.job
+        try:
+            async for piece in self.pieces(job):
+                rec.add(json.dumps({"text": piece}))
+            rec.add("[DONE]")
+        except ProtocolError as e:
+            rec.add(json.dumps(error_body(e)), event="error")
+        finally:
+            job.stop.set()
+            rec.end()
+            self.record("/stream", await job.done, job.reason == "stopped", "stopped early")
+
+    async def follow(self, conn, rec, after):
+        """Send a recording's events after number `after`, then each new one as it comes, with a
+        keep-alive during silence, until its end or until this reader leaves (which starts the
+        grace period if it was the last reader)."""
+        conn.writer.write(SSE_HEAD + f"retry: {RETRY_MS}\n\n".encode())
+        conn.started = True
+        rec.attach()
+        watcher = asyncio.create_task(self.watch(conn, None))
+        k, sent = after + 1, 0
+        try:
+            while True:
+                while k < len(rec.events):
+                    if not await self.send(conn, rec.events[k]):
+                        return
+                    k, sent = k + 1, sent + 1
+                    if (
+                        self.args.drop_after
+                        and sent >= self.args.drop_after
+                        and not (rec.ended and k == len(rec.events))
+                    ):
+                        conn.writer.transport.abort()  # testing: the network blinks
+                        return
+                if rec.ended:
+                    return
+                grew = asyncio.ensure_future(rec.grew.wait())
+                done, _ = await asyncio.wait({grew, watcher}, timeout=self.args.ping)
+                grew.cancel()
+                if watcher in done:
+                    return
+                if not done and not await self.send(conn, sse.comment("ping")):
+                    return
+        finally:
+            watcher.cancel()
+            rec.detach(None if self.args.naive else self.args.resume_grace)
+
+    def stop_stream(self, conn, body):
+        rec = self.streams.streams.get(body.get("id")) if isinstance(body.get("id"), str) else None
+        if rec is None:
+            raise ProtocolError("no such stream (or it was forgotten)", 404)
+        rec.job.stop.set()
+        conn.writer.write(json_response(200, {"id": rec.id, "stopped": not rec.ended}))
 
     # --- GET /ws: WebSocket ------------------------------------------------------------------
 
@@ -455,9 +564,9 @@ class Server:
         for job in list(ACTIVE):
             job.stop.set()
         await asyncio.gather(*(s.close(1001, "server shutting down") for s in list(self.websockets)))
-        for task in list(self.connections):
+        for task in list(self.connections) + list(self.pumps):
             task.cancel()
-        await asyncio.gather(*self.connections, return_exceptions=True)
+        await asyncio.gather(*self.connections, *self.pumps, return_exceptions=True)
         deadline = time.monotonic() + 5
         for job in list(ACTIVE):
             await asyncio.to_thread(job.thread.join, max(0.0, deadline - time.monotonic()))
@@ -578,6 +687,17 @@ def parse_args(argv=None):
     p.add_argument("--api-key", default=None, help="require this key on /v1/ (Authorization: Bearer, or x-api-key)")
     p.add_argument("--token-delay", type=float, default=0.0, help="testing: sleep S s after each token")
     p.add_argument("--fail-after", type=int, default=None, help="testing: fail generation after N tokens")
+    p.add_argument("--first-delay", type=float, default=0.0, help="testing: S s of silence before the first token")
+    p.add_argument(
+        "--drop-after", type=int, default=0, help="testing: drop a resumable stream's connection every N events"
+    )
+    p.add_argument(
+        "--resume-grace", type=float, default=resume.GRACE_SECONDS, help="keep generating S s for a reader to come back"
+    )
+    p.add_argument(
+        "--resume-keep", type=float, default=resume.KEEP_SECONDS, help="keep an ended stream S s for resuming"
+    )
+    p.add_argument("--resume-streams", type=int, default=resume.KEEP_COUNT, help="keep at most N ended streams")
     return p.parse_args(argv)
 
 

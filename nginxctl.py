@@ -1,0 +1,91 @@
+"""Start a real nginx (Debian's package) in front of the server, as a child process.
+
+    with Nginx(upstream_port=8765, extra=["proxy_read_timeout 2s;"]) as n:
+        ...  # http://127.0.0.1:{n.port}/
+
+It runs nginx/streaming.conf as written, with three changes: the upstream's port, a free
+listening port, and any `extra` directives where the file marks them. Everything lives in a
+temporary prefix (config, pid, temp folders, error log), on the loopback, in the foreground, so
+several can run side by side without root. Leaves out: installing nginx (`apt-get install nginx`;
+`available()` says whether it is there).
+"""
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+CONF = Path(__file__).resolve().parent / "nginx" / "streaming.conf"
+MARK = "# experiments: more directives here"
+START_TIMEOUT = 10.0  # seconds for nginx to accept connections
+
+
+def binary():
+    return shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if Path(p).exists()), None)
+
+
+def available():
+    return binary() is not None
+
+
+def free_port():
+    """A port nobody listens on now (nginx cannot report a port it picked itself)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def config(upstream_port, port, extra=()):
+    text = CONF.read_text()
+    for old, new in (("server 127.0.0.1:8765;", f"server 127.0.0.1:{upstream_port};"),
+                     ("listen 127.0.0.1:8080;", f"listen 127.0.0.1:{port};"),
+                     (MARK, MARK + "".join(f"\n            {d}" for d in extra))):  # fmt: skip
+        if old not in text:
+            raise ValueError(f"{CONF} no longer contains {old!r}")
+        text = text.replace(old, new)
+    return text
+
+
+class Nginx:
+    def __init__(self, upstream_port, extra=(), port=None):
+        if not available():
+            raise FileNotFoundError("nginx is not installed (apt-get install nginx)")
+        self.port = port or free_port()
+        self.prefix = Path(tempfile.mkdtemp(prefix="streaming-nginx-"))
+        self.prefix.chmod(0o755)  # nginx's workers drop root to `nobody` and must reach tmp/
+        (self.prefix / "tmp").mkdir()
+        (self.prefix / "nginx.conf").write_text(config(upstream_port, self.port, extra))
+        self.log = self.prefix / "error.log"
+        argv = [binary(), "-p", f"{self.prefix}/", "-c", "nginx.conf", "-e", str(self.log), "-g", "daemon off;"]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                break
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"nginx did not start:\n{self.errors()}") from None
+                time.sleep(0.05)
+
+    def errors(self):
+        return self.log.read_text() if self.log.exists() else ""
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()  # SIGTERM: nginx's fast shutdown
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.prefix, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()

@@ -1,0 +1,116 @@
+"""Streams kept for resuming: what `Last-Event-ID` needs a server to remember.
+
+The article's server forgets a stream the moment its connection ends, so a reader whose network
+blinks loses the answer (and, without a disconnect check, the server generates it for nobody).
+A resumable stream instead records every event it sends, numbered: event k of stream S carries
+`id: S.k` (event 0 names the stream, events 1.. are text, the last is `[DONE]` or an error). A
+reader that comes back with `Last-Event-ID: S.k` gets events k+1.. from the record, then the live
+rest, from the same generation: no token is generated twice.
+
+The record outlives its readers for a while: generation goes on for `grace` seconds after the last
+reader left (then it stops, as for any reader who left), and an ended stream is kept for `keep`
+seconds, at most `count` of them. An id we never issued, or one forgotten, is unknown: the server
+answers 204, which tells EventSource to stop reconnecting, never a silent new generation.
+
+No I/O here: the server's tasks append events and read them. Leaves out persistence (a restart
+forgets every stream) and sharing the record between server processes.
+"""
+
+import asyncio
+import secrets
+import time
+from collections import OrderedDict
+
+import sse
+
+KEEP_COUNT = 256  # ended streams kept; 256 answers of 4096 tokens are ~4 MB of text at most
+KEEP_SECONDS = 300.0  # how long an ended stream can still be resumed: longer than any reconnect
+GRACE_SECONDS = 10.0  # how long generation waits for a reader to come back (EventSource retries in ~3 s)
+RETRY_MS = 1000  # sent as `retry:`: how soon EventSource reconnects after a drop
+
+
+def new_id():
+    """72 random bits: the id is also what lets a client read or stop the stream, so unguessable."""
+    return secrets.token_urlsafe(9)
+
+
+def parse_event_id(value):
+    """(stream id, event number) from 'S.k', or None if it is not one of ours."""
+    stream, dot, number = value.strip().rpartition(".")
+    if not dot or not stream or not number.isdigit() or len(number) > 9:
+        return None
+    return stream, int(number)
+
+
+class Recording:
+    """One resumable stream: its numbered events, whether it ended, and who is reading it."""
+
+    def __init__(self, stream_id, job):
+        self.id, self.job = stream_id, job
+        self.events = []  # encoded SSE events; events[k] carries `id: {self.id}.{k}`
+        self.ended_at = None  # time.monotonic() of the last event
+        self.grew = asyncio.Event()  # set (and replaced) whenever an event is added
+        self.readers = 0
+        self.grace = None  # the timer that stops generation when nobody came back
+
+    def add(self, data, event=None):
+        self.events.append(sse.event(data, event=event, id=f"{self.id}.{len(self.events)}"))
+        self.grew.set()
+        self.grew = asyncio.Event()
+
+    def end(self):
+        self.ended_at = time.monotonic()
+        self.grew.set()
+        if self.grace is not None:
+            self.grace.cancel()
+
+    @property
+    def ended(self):
+        return self.ended_at is not None
+
+    def attach(self):
+        self.readers += 1
+        if self.grace is not None:
+            self.grace.cancel()
+            self.grace = None
+
+    def detach(self, grace):
+        """A reader left. If it was the last and the stream is live, stop generating after `grace`
+        seconds unless a reader comes back (None: never stop, the naive server)."""
+        self.readers -= 1
+        if self.readers == 0 and not self.ended and grace is not None:
+            self.grace = asyncio.get_running_loop().call_later(grace, self.job.stop.set)
+
+
+class Store:
+    """The recordings by stream id, bounded in count and age (only ended ones are dropped: a live
+    stream is bounded by its generation)."""
+
+    def __init__(self, count=KEEP_COUNT, seconds=KEEP_SECONDS):
+        self.count, self.seconds = count, seconds
+        self.streams = OrderedDict()
+
+    def create(self, job):
+        self.purge()
+        stream_id = new_id()
+        rec = self.streams[stream_id] = Recording(stream_id, job)
+        return rec
+
+    def find(self, event_id):
+        """(recording, k) for a Last-Event-ID we can resume after, or None: unknown, forgotten,
+        or naming the stream's last event (nothing follows it)."""
+        self.purge()
+        parsed = parse_event_id(event_id)
+        if parsed is None or (rec := self.streams.get(parsed[0])) is None:
+            return None
+        k = parsed[1]
+        if k >= len(rec.events) or (rec.ended and k == len(rec.events) - 1):
+            return None
+        return rec, k
+
+    def purge(self, now=None):
+        now = time.monotonic() if now is None else now
+        ended = [s for s, rec in self.streams.items() if rec.ended]
+        for i, s in enumerate(ended):
+            if i < len(ended) - self.count or now - self.streams[s].ended_at > self.seconds:
+                del self.streams[s]
