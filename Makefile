@@ -32,7 +32,14 @@ reproduce: $(STAMP)
 	$(BIN)/python reading_speed.py --model $(MODEL)
 	@echo "== experiments.py all: /complete vs /stream vs /ws, a reader leaving, saying stop, and the proxy"
 	$(BIN)/python experiments.py all --model $(MODEL)
-	@echo "== written: results/*.json and results/timeline.png"
+	@echo "== experiments.py nginx: the same path through a real nginx"
+	@command -v nginx >/dev/null || [ "$$(id -u)" != 0 ] || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null) || \
+		echo "nginx cannot be installed here"
+	$(BIN)/python experiments.py nginx --model $(MODEL)
+	@echo "== experiments.py page: the browser page mid-stream"
+	$(BIN)/python experiments.py page --model $(MODEL)
+	@echo "== written: results/*.json, results/timeline.png and results/page.png"
 
 bench-detok: $(STAMP)
 	$(BIN)/python bench_detok.py

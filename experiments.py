@@ -3,6 +3,7 @@
     python experiments.py leave|stop|proxy [--port 8765] [--proxy-port 8766]   # against running ones
     python experiments.py all [--model bundled]                                   # starts everything
     python experiments.py nginx [--model bundled]                                 # through a real nginx
+    python experiments.py page [--model bundled]                                  # results/page.png
 
 `leave` reads 10 pieces of a 100-token /stream, closes, and reads from GET /log how many tokens
 the server generated in all; `stop` does the same over /ws with {"stop": true}; `proxy` sends
@@ -13,13 +14,14 @@ any exit. It runs `client.py measure`, every experiment, checks the article's co
 numbers, and saves results/experiments.json and results/timeline.png. `nginx` runs the path
 through Debian's nginx (nginxctl.py): honoring X-Accel-Buffering and told to ignore it, a reader
 leaving, a /ws stop, and an idle timeout with and without keep-alive pings; it saves
-results/nginx.json.
+results/nginx.json. `page` saves a screenshot of the browser page mid-stream (results/page.png).
 """
 
 import argparse
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -174,6 +176,49 @@ def nginx_(args):
     client.save(Path(args.results) / "nginx.json", results)
     say(f"saved {Path(args.results) / 'nginx.json'}")
     return results
+
+
+# --- `page`: the browser page mid-stream, as a picture --------------------------------------------
+
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-background-networking", "--disable-component-update", "--no-first-run"]
+
+
+def page_(args):
+    """Open GET / in Debian's Chromium (playwright), stream the lighthouse prompt over fetch, and
+    save a screenshot once 30 pieces have arrived: results/page.png."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        print("playwright is not installed: no page.png (pip install playwright)", flush=True)
+        return None
+    chromium = shutil.which("chromium") or "/usr/bin/chromium"
+    if not os.path.exists(chromium):
+        print("chromium is not installed: no page.png (apt-get install chromium)", flush=True)
+        return None
+    server = Child("server", ["server.py", "--port", str(args.port), "--model", args.model])
+    try:
+        server.wait()
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 900, "height": 640})
+            page.goto(f"http://127.0.0.1:{server.port}/")
+            page.fill("#prompt", PROMPT)
+            page.click("#start")
+            page.wait_for_function("window.run && window.run.pieces >= 30", timeout=300_000)
+            out = Path(args.results) / "page.png"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(out))
+            figures = page.evaluate("({ttft: run.ttft, pieces: run.pieces})")
+            page.click("#stop")
+            browser.close()
+    finally:
+        server.stop()
+    print(
+        f"the page mid-stream: first text after {figures['ttft'] / 1000:.2f} s in the browser, "
+        f"{figures['pieces']} pieces shown; saved {out}",
+        flush=True,
+    )
+    return str(out)
 
 
 # --- `all`: children on free ports ------------------------------------------------------------
@@ -355,7 +400,7 @@ def all_(args):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("experiment", choices=["leave", "stop", "proxy", "nginx", "all"])
+    p.add_argument("experiment", choices=["leave", "stop", "proxy", "nginx", "page", "all"])
     p.add_argument("--host", default=client.HOST)
     p.add_argument("--port", type=int, default=None, help="the server's port (default 8765; `all`: a free one)")
     p.add_argument("--proxy-port", type=int, default=None, help="the proxy's port (default 8766; `all`: a free one)")
@@ -368,10 +413,10 @@ def main(argv=None):
     p.add_argument("--results", default="results", help="`all`: folder for experiments.json and timeline.png")
     args = p.parse_args(argv)
     client.HOST = args.host
-    if args.experiment in ("all", "nginx"):
+    if args.experiment in ("all", "nginx", "page"):
         args.port = args.port or 0
         args.proxy_port = args.proxy_port or 0
-        return all_(args) if args.experiment == "all" else nginx_(args)
+        return {"all": all_, "nginx": nginx_, "page": page_}[args.experiment](args)
     port = args.port or 8765
     if args.experiment == "leave":
         asyncio.run(leave(port))

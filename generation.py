@@ -94,6 +94,22 @@ def check_context(ids, params):
 
 
 ACTIVE = set()  # the jobs whose thread is running; read by /metrics and shutdown
+STOPS = {"stopped": 0, "tokens_after_stop": 0}  # requests stopped early, and tokens generated after their stop
+
+
+class StopFlag(threading.Event):
+    """A request's stop flag, which remembers how many tokens its job had generated when it was
+    set: the tokens after that are the ones generated for nobody (the article's claim is at most
+    one, the token being computed when the flag went up)."""
+
+    def __init__(self, job):
+        super().__init__()
+        self.job, self.at = job, None
+
+    def set(self):
+        if self.at is None:
+            self.at = self.job.produced
+        super().set()
 
 
 class Job:
@@ -102,7 +118,8 @@ class Job:
     def __init__(self, ids, params, queue_size=0, token_delay=0.0, fail_after=None, first_delay=0.0):
         self.loop = asyncio.get_running_loop()
         self.ids, self.params = ids, params
-        self.stop = threading.Event()
+        self.stop = StopFlag(self)
+        self.produced = 0  # tokens so far, written by the thread
         self.out = asyncio.Queue()
         self.slots = threading.Semaphore(queue_size) if queue_size else None
         self.done = self.loop.create_future()  # the number of tokens generated, EOS included
@@ -152,7 +169,7 @@ class Job:
                 top_p=p["top_p"],
                 stop=self.stop,
             ):
-                produced += 1
+                produced = self.produced = produced + 1
                 if token in ends:
                     self.reason = "eos"
                     break
@@ -174,5 +191,8 @@ class Job:
 
     def finish(self, produced):
         ACTIVE.discard(self)
+        if self.reason == "stopped" and self.stop.at is not None:
+            STOPS["stopped"] += 1
+            STOPS["tokens_after_stop"] += produced - self.stop.at
         if not self.done.done():
             self.done.set_result(produced)

@@ -33,7 +33,7 @@ import lm
 import resume
 import sse
 import ws
-from generation import ACTIVE, Job, encode_chat, encode_prompt, flag, parse_params, query_body
+from generation import ACTIVE, STOPS, Job, encode_chat, encode_prompt, flag, parse_params, query_body
 from http11 import REQUEST_TIMEOUT, ProtocolError, RequestParser, error_body, error_response, json_response, response
 from resume import RETRY_MS
 
@@ -199,6 +199,9 @@ class Server:
             "open_connections": len(self.connections),
             "requests_served": self.served,
             "requests_logged": len(self.log),
+            "requests_stopped": STOPS["stopped"],  # early: the reader left or said stop
+            "tokens_after_stop": STOPS["tokens_after_stop"],  # generated for nobody after those stops
+            "resumable_streams": len(self.streams.streams),
         }
 
     def record(self, path, produced, left, what="client left early"):
@@ -384,7 +387,9 @@ class Server:
                 if rec.ended:
                     return
                 grew = asyncio.ensure_future(rec.grew.wait())
-                done, _ = await asyncio.wait({grew, watcher}, timeout=self.args.ping)
+                done, _ = await asyncio.wait(
+                    {grew, watcher}, timeout=self.args.ping, return_when=asyncio.FIRST_COMPLETED
+                )
                 grew.cancel()
                 if watcher in done:
                     return

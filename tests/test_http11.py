@@ -2,7 +2,16 @@
 
 import pytest
 
-from http11 import MAX_BODY, MAX_HEAD, ProtocolError, RequestParser, error_response, parse_head, response
+from http11 import (
+    MAX_BODY,
+    MAX_HEAD,
+    ChunkedDecoder,
+    ProtocolError,
+    RequestParser,
+    error_response,
+    parse_head,
+    response,
+)
 
 REQUEST = (
     b"POST /stream?x=1&y=two HTTP/1.1\r\nHost: 127.0.0.1:8765\r\nContent-Type: application/json\r\n"
@@ -111,3 +120,31 @@ def test_responses_close_and_errors_are_json():
     head, body = out.split(b"\r\n\r\n")
     assert b"405 Method Not Allowed" in head and b"Allow: GET" in head and b"Connection: close" in head
     assert body == b'{"error": {"status": 405, "type": "method_not_allowed", "message": "no"}}'
+
+
+# --- chunked response bodies (what nginx sends an HTTP/1.1 client) ----------------------------
+
+CHUNKED = b"4\r\nWiki\r\n5;ext=1\r\npedia\r\nE\r\n in\r\n\r\nchunks.\r\n0\r\nTrailer: x\r\n\r\n"
+DECODED = b"Wikipedia in\r\n\r\nchunks."
+
+
+def test_chunked_whole_byte_by_byte_and_with_trailing_data():
+    d = ChunkedDecoder()
+    assert d.feed(CHUNKED + b"NEXT") == DECODED and d.done and d.trailing == b"NEXT"
+    d = ChunkedDecoder()
+    out = b"".join(d.feed(CHUNKED[i : i + 1]) for i in range(len(CHUNKED)))
+    assert out == DECODED and d.done and d.trailing == b""
+    assert d.feed(b"more") == b"" and d.trailing == b"more"
+
+
+def test_chunked_not_done_until_the_last_chunk_and_bare_lf_accepted():
+    d = ChunkedDecoder()
+    assert d.feed(b"3\nabc\n") == b"abc" and not d.done
+    assert d.feed(b"0\n") == b"" and not d.done
+    assert d.feed(b"\n") == b"" and d.done
+
+
+@pytest.mark.parametrize("bad", [b"zz\r\n", b"-1\r\n", b"\r\n", b"3\r\nabcd\r\n", b"1" * 16 + b"\r\n", b"9" * 5000])
+def test_chunked_malformed(bad):
+    with pytest.raises(ProtocolError):
+        ChunkedDecoder().feed(bad)
