@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 TORCH ?= $(if $(filter Linux-x86_64,$(shell uname -s)-$(shell uname -m)),torch==2.13.0,torch)
 MODEL ?= bundled
 
-.PHONY: setup test reproduce bench-detok lint format clean
+.PHONY: setup test reproduce bench-detok bench-load lint format clean
 
 setup: $(STAMP)
 
@@ -43,6 +43,10 @@ reproduce: $(STAMP)
 
 bench-detok: $(STAMP)
 	$(BIN)/python bench_detok.py
+
+bench-load: $(STAMP)
+	$(BIN)/pip install --quiet -e ".[bench]"
+	$(BIN)/python bench.py load --model $(MODEL)
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check .

@@ -4,7 +4,7 @@ Nucleus (top-p) sampling with a seeded torch.Generator, a temperature (0 means g
 optional repetition penalty over the tokens generated so far (CTRL's rule: divide a positive
 logit by the penalty, multiply a negative one). Same logits, same seed: same token.
 
-Leaves out: top-k, min-p, logit bias, and batches (one row of logits at a time).
+Leaves out: top-k, min-p and logit bias. `choose_batch` does the same for a batch of rows.
 """
 
 import torch
@@ -42,3 +42,32 @@ def choose(logits, history, generator, p=0.9, temperature=1.0, repetition_penalt
     u = torch.rand(1, generator=generator, device=cdf.device, dtype=cdf.dtype) * cdf[-1]
     i = min(int(torch.searchsorted(cdf, u, right=True)), int((kept > 0).sum()) - 1)
     return int(order[i])
+
+
+def choose_batch(logits, generators, temperatures, top_ps):
+    """choose() for a batch: row i of `logits` (B, V) with its own generator, temperature and
+    top_p; returns a list of B token ids. The softmax and top-k run once for the batch; each row's
+    draw is the same inverse-CDF draw as choose()'s, so a row alone gives choose()'s token. (No
+    repetition penalty: no request sets one.)"""
+    logits = logits.detach().to(torch.float32)
+    temps = torch.tensor([t if t > 0 else 1.0 for t in temperatures], device=logits.device).unsqueeze(1)
+    probs = torch.softmax(logits / temps, dim=-1)
+    k = min(TOP_K_FIRST, probs.shape[-1])
+    top_probs, top_order = torch.topk(probs, k)
+    sums = top_probs.sum(-1).tolist()
+    greedy = torch.argmax(logits, dim=-1).tolist()
+    out = []
+    for i, (g, t, p) in enumerate(zip(generators, temperatures, top_ps, strict=True)):
+        if t == 0:
+            out.append(greedy[i])
+            continue
+        sorted_probs, order = top_probs[i], top_order[i]
+        if sums[i] < p and k < probs.shape[-1]:
+            sorted_probs, order = torch.sort(probs[i], descending=True)
+        before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        kept = sorted_probs.masked_fill(before >= p, 0.0)
+        cdf = torch.cumsum(kept, dim=-1)
+        u = torch.rand(1, generator=g, device=cdf.device, dtype=cdf.dtype) * cdf[-1]
+        j = min(int(torch.searchsorted(cdf, u, right=True)), int((kept > 0).sum()) - 1)
+        out.append(int(order[j]))
+    return out

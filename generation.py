@@ -8,7 +8,7 @@ The event loop never waits on the model.
 
 The queue is unbounded by default, as the article's: a slow reader makes it grow while the model
 runs at full speed. With `queue_size`, a thread that is that many pieces ahead waits (checking
-its stop flag) until the reader catches up. Leaves out batching: one thread, one sequence.
+its stop flag) until the reader catches up. One thread, one sequence: engine.py batches.
 """
 
 import asyncio
@@ -168,9 +168,10 @@ class Job:
                 temperature=p["temperature"],
                 top_p=p["top_p"],
                 stop=self.stop,
+                ignore_eos=p.get("ignore_eos", False),
             ):
                 produced = self.produced = produced + 1
-                if token in ends:
+                if token in ends and not p.get("ignore_eos", False):
                     self.reason = "eos"
                     break
                 if piece := d.push(token):

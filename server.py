@@ -6,9 +6,12 @@ POST /complete answers with the whole text as JSON at the end; POST /stream send
 events, `data: {"text": piece}` per piece then `data: [DONE]`; GET /ws opens a WebSocket
 (first message {"prompt", "max_tokens"}, then {"text"} messages, {"done": true}, a close 1000;
 the client may send {"stop": true}). GET /log is the record of finished requests, a list of
-[path, generated_tokens, client_left_early]; GET /metrics counts what is running now.
+[path, generated_tokens, client_left_early]; GET /metrics counts what is running now. GET / is
+the browser page; GET /stream?prompt=... is the stream for EventSource, resumable with
+Last-Event-ID (resume.py), and POST /stop stops such a stream.
 
-Generation runs in a thread per request (generation.py). Without --naive the server stops it
+Generation runs in one engine thread that steps every request at once (engine.py), or with
+--engine thread in a thread per request (generation.py). Without --naive the server stops it
 the moment the reader leaves: end-of-file or a failed write on /stream and /complete, a stop
 message, close frame or end-of-file on /ws. With --naive it is the article's naive server, which
 notices nothing and generates every token for nobody.
@@ -29,10 +32,12 @@ import time
 from pathlib import Path
 
 import apis
+import engine
 import lm
 import resume
 import sse
 import ws
+from engine import BatchedJob, FreeJob
 from generation import ACTIVE, STOPS, Job, encode_chat, encode_prompt, flag, parse_params, query_body
 from http11 import REQUEST_TIMEOUT, ProtocolError, RequestParser, error_body, error_response, json_response, response
 from resume import RETRY_MS
@@ -178,7 +183,7 @@ class Server:
 
     def job(self, ids, params):
         a = self.args
-        return Job(
+        return {"batched": BatchedJob, "thread": Job, "free": FreeJob}[a.engine](
             ids,
             params,
             queue_size=a.queue,
@@ -202,6 +207,7 @@ class Server:
             "requests_stopped": STOPS["stopped"],  # early: the reader left or said stop
             "tokens_after_stop": STOPS["tokens_after_stop"],  # generated for nobody after those stops
             "resumable_streams": len(self.streams.streams),
+            **(engine.ENGINE.metrics() if self.args.engine == "batched" else {"engine": self.args.engine}),
         }
 
     def record(self, path, produced, left, what="client left early"):
@@ -682,7 +688,16 @@ def parse_args(argv=None):
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8765, help="0 picks a free port (printed)")
     lm.add_arguments(p)
-    p.add_argument("--queue", type=int, default=0, help="bound each request's queue to N pieces (0: unbounded)")
+    p.add_argument(
+        "--engine",
+        choices=["batched", "thread", "free"],
+        default="batched",
+        help="batched: one thread steps every request at once (engine.py); thread: the article's thread per "
+        "request; free: no model, ' x' pieces at once (measures the server's own cost per event)",
+    )
+    p.add_argument("--max-batch", type=int, default=engine.MAX_BATCH, help="batched: requests per step; more wait")
+    p.add_argument("--prefill-chunk", type=int, default=engine.PREFILL_CHUNK, help="batched: prompt tokens per step")
+    p.add_argument("--queue", type=int, default=0, help="thread engine: bound each request's queue to N pieces")
     p.add_argument("--write-timeout", type=float, default=30.0, help="drop a client whose writes can't drain for S s")
     p.add_argument("--ping", type=float, default=15.0, help="keep-alive after S s without an event")
     p.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT, help="408 if a request takes longer")
@@ -703,7 +718,12 @@ def parse_args(argv=None):
         "--resume-keep", type=float, default=resume.KEEP_SECONDS, help="keep an ended stream S s for resuming"
     )
     p.add_argument("--resume-streams", type=int, default=resume.KEEP_COUNT, help="keep at most N ended streams")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.queue and args.engine == "batched":
+        p.error("--queue bounds a generation thread; use it with --engine thread")
+    if args.max_batch < 1 or args.prefill_chunk < 1:
+        p.error("--max-batch and --prefill-chunk must be at least 1")
+    return args
 
 
 async def serve(args):
@@ -724,6 +744,7 @@ async def serve(args):
 def main(argv=None):
     args = parse_args(argv)
     lm.configure(args)
+    engine.configure(args.max_batch, args.prefill_chunk, args.token_delay)
     t0 = time.perf_counter()
     lm.model()
     for _ in lm.tokens("Hello", 2):  # warm up, so the first request's time to first text is honest

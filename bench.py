@@ -1,0 +1,392 @@
+"""Many readers at once: the load benchmark of the batched engine, the thread engine and a peer.
+
+    python bench.py load [--model bundled] [--dtype bfloat16] [--ns 1,4,16,32,48,64] [--no-peer]
+
+For each server (this one with --engine batched, this one with --engine thread, and the peer
+`transformers serve --continuous-batching`), one after the other on the same model, dtype and
+prompts: N concurrent readers each stream a TOKENS-token answer over SSE (OpenAI's chat format,
+which all three speak), for N in --ns. Per N it reports the time to first text p50/p99, the gaps
+between pieces p50/p99/max, and the aggregate tokens a second; the headline is **readers served
+at reading speed**: the largest N with gap p99 <= GAP_LIMIT and TTFT p99 <= TTFT_LIMIT. Also:
+the largest gap 16 streaming readers see while a JOIN_TOKENS-token prompt joins; the tokens
+generated after 16 of 32 readers leave mid-stream; and the server's own CPU time per event with a
+generator that costs nothing (--engine free) against uvicorn + Starlette's StreamingResponse.
+Saves results/load.json and results/load.png. Benchmarks are not tests: nothing here asserts.
+
+Leaves out: a sweep past the point where a server is clearly behind (CUTOFF), and other peers.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import client
+from experiments import Child
+
+ROOT = Path(__file__).resolve().parent
+NS = [1, 4, 16, 32, 48, 64]  # concurrent readers
+TOKENS = 100  # tokens per answer, as the article's experiments
+GAP_LIMIT = 0.180  # s between pieces: past it a reader at 5.5 tokens/s catches up with the text
+TTFT_LIMIT = 1.0  # s to first text
+CUTOFF = 3.0  # stop a server's sweep once its gap p99 is past CUTOFF x GAP_LIMIT: larger N only take longer
+JOIN_TOKENS = 2000  # the long prompt that joins 16 running streams
+FREE_EVENTS = 20000  # events in the per-event cost measurement
+PROMPTS = [p["prompt"] for p in json.load(open(ROOT / "prompts.json"))]
+
+
+def pct(values, q):
+    """Nearest-rank percentile (q in 0..100); None for no values."""
+    if not values:
+        return None
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, int(round(q / 100 * len(s) + 0.5)) - 1))]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(port, timeout=900, proc=None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the server on {port} exited with {proc.returncode}")
+        try:
+            asyncio.run(client.get_json("/v1/models", port=port))
+            return
+        except (OSError, ValueError, client.ServerError):
+            time.sleep(0.5)
+    raise TimeoutError(f"nothing answered on {port}")
+
+
+class Peer:
+    """`transformers serve --continuous-batching` as a child, on a model folder."""
+
+    def __init__(self, folder, dtype, device="cpu"):
+        self.port = free_port()
+        exe = shutil.which("transformers") or str(Path(sys.executable).parent / "transformers")
+        argv = [exe, "serve", str(folder), "--continuous-batching", "--dtype", dtype, "--device", device]
+        argv += ["--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_http(self.port, proc=self.proc)
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+async def readers(port, n, tokens=TOKENS, offset=0, leave_after=None, ours=True):
+    url = f"http://127.0.0.1:{port}"
+
+    async def one(i):
+        prompt = PROMPTS[(i + offset) % len(PROMPTS)]
+        body = {"ignore_eos": True} if ours else {}  # the peer takes no ignore_eos: its answers may end early
+        stop = leave_after if leave_after and i % 2 == 0 else None
+        return await client.api_post("openai", prompt, tokens, url, seed=i, stop_after=stop, extra=body)
+
+    t0 = time.perf_counter()
+    results = await asyncio.gather(*(one(i) for i in range(n)), return_exceptions=True)
+    wall = time.perf_counter() - t0
+    failed = [r for r in results if isinstance(r, BaseException)]
+    return [r for r in results if not isinstance(r, BaseException)], wall, failed
+
+
+def figures(results, wall):
+    ttft = [r.first for r in results if r.first is not None]
+    gaps = [b - a for r in results for a, b in zip(r.arrivals, r.arrivals[1:], strict=False)]
+    pieces = sum(len(r.pieces) for r in results)
+    return {
+        "ttft_p50": pct(ttft, 50),
+        "ttft_p99": pct(ttft, 99),
+        "gap_p50": pct(gaps, 50),
+        "gap_p99": pct(gaps, 99),
+        "gap_max": max(gaps, default=None),
+        "tokens_per_s": pieces / wall if wall else None,
+        "pieces": pieces,
+        "wall_s": wall,
+    }
+
+
+def ms(x):
+    return "    -" if x is None else f"{1000 * x:5.0f}"
+
+
+def metrics(port):
+    try:
+        return asyncio.run(client.get_json("/metrics", port=port))
+    except (OSError, ValueError, client.ServerError):
+        return {}
+
+
+def sweep(name, port, ns, ours=True):
+    print(f"\n{name}", flush=True)
+    print("    N  TTFT p50  p99 ms   gap p50   p99   max ms   tokens/s   mean step ms", flush=True)
+    rows = {}
+    asyncio.run(readers(port, 1, 5, ours=ours))  # warm
+    for n in ns:
+        before = metrics(port)
+        results, wall, failed = asyncio.run(readers(port, n, ours=ours))
+        after = metrics(port)
+        f = figures(results, wall)
+        f["failed"] = len(failed)
+        steps = after.get("steps", 0) - before.get("steps", 0)
+        f["mean_step_ms"] = 1000 * (after["step_seconds"] - before["step_seconds"]) / steps if steps else None
+        rows[n] = f
+        step = f"{f['mean_step_ms']:8.0f}" if f["mean_step_ms"] else "       -"
+        print(
+            f"  {n:3d}  {ms(f['ttft_p50'])}  {ms(f['ttft_p99'])}     {ms(f['gap_p50'])} {ms(f['gap_p99'])} {ms(f['gap_max'])}"
+            f"   {f['tokens_per_s']:8.1f}   {step}" + (f"   ({len(failed)} failed)" if failed else ""),
+            flush=True,
+        )
+        if f["gap_p99"] is None or f["gap_p99"] > CUTOFF * GAP_LIMIT or f["ttft_p99"] > 10 * TTFT_LIMIT:
+            print(f"  (past {CUTOFF:g}x the gap limit: larger N not run)", flush=True)
+            break
+    ok = [n for n, f in rows.items() if f["gap_p99"] <= GAP_LIMIT and f["ttft_p99"] <= TTFT_LIMIT and not f["failed"]]
+    gap_ok = [n for n, f in rows.items() if f["gap_p99"] <= GAP_LIMIT and not f["failed"]]
+    headline = max(ok, default=0)
+    print(
+        f"  readers served at reading speed: {headline} (by the gaps alone, TTFT aside: {max(gap_ok, default=0)})",
+        flush=True,
+    )
+    return {
+        "rows": rows,
+        "readers_at_reading_speed": headline,
+        "readers_at_reading_speed_gaps_only": max(gap_ok, default=0),
+    }
+
+
+def long_prompt(tokens=JOIN_TOKENS):
+    import lm
+
+    text, ids = "", []
+    i = 0
+    while len(ids) < tokens:
+        text += PROMPTS[i % len(PROMPTS)] + "\n"
+        ids = lm.tok(text).input_ids
+        i += 1
+    return lm.tok.decode(ids[:tokens])
+
+
+def join(port, prompt, ours=True):
+    """16 readers streaming; once all have text, a long prompt joins: the largest gap they see."""
+
+    async def run():
+        task = asyncio.ensure_future(readers(port, 16, 200, ours=ours))
+        await asyncio.sleep(0.5)
+        deadline = time.monotonic() + 120
+        while metrics(port).get("active", 16) < 16 and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(2.0)
+        t_join = time.perf_counter()
+        url = f"http://127.0.0.1:{port}"
+        joined = await client.api_post("openai", prompt, 10, url, extra={"ignore_eos": True} if ours else {})
+        results, wall, failed = await task
+        return results, joined, t_join
+
+    results, joined, t_join = asyncio.run(run())
+    gaps = [b - a for r in results for a, b in zip(r.arrivals, r.arrivals[1:], strict=False)]
+    return {"largest_gap_s": max(gaps, default=None), "joined_ttft_s": joined.first, "readers": len(results)}
+
+
+def leave(port):
+    """32 readers; 16 leave after 10 pieces: the tokens generated for them after they left."""
+    before = metrics(port)
+    asyncio.run(readers(port, 32, TOKENS, leave_after=10))
+    time.sleep(1.0)
+    after = metrics(port)
+    stopped = after["requests_stopped"] - before["requests_stopped"]
+    extra = after["tokens_after_stop"] - before["tokens_after_stop"]
+    return {"readers_left": stopped, "tokens_after_stop": extra, "per_reader": extra / stopped if stopped else None}
+
+
+STARLETTE_APP = """
+import json
+from starlette.applications import Starlette
+from starlette.responses import StreamingResponse
+from starlette.routing import Route
+
+async def stream(request):
+    body = await request.json()
+    async def events():
+        for _ in range(body["max_tokens"]):
+            yield "data: " + json.dumps({"text": " x"}) + "\\n\\n"
+        yield "data: [DONE]\\n\\n"
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+app = Starlette(routes=[Route("/stream", stream, methods=["POST"])])
+"""
+
+
+def cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def event_cost(model):
+    """Server CPU time per event: ours (--engine free) and uvicorn + Starlette, same events."""
+    out = {}
+    ours = Child("free server", ["server.py", "--port", "0", "--engine", "free", "--model", model])
+    try:
+        ours.wait()
+        out["this server"] = cost_of(ours.port, ours.proc.pid)
+    finally:
+        ours.stop()
+    app = ROOT / "results" / "_starlette_app.py"
+    app.parent.mkdir(exist_ok=True)
+    app.write_text(STARLETTE_APP)
+    port = free_port()
+    exe = [sys.executable, "-m", "uvicorn", "_starlette_app:app", "--port", str(port), "--log-level", "warning"]
+    proc = subprocess.Popen(exe, cwd=app.parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.2)
+        out["uvicorn + Starlette"] = cost_of(port, proc.pid)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        app.unlink()
+    return out
+
+
+def cost_of(port, pid, events=FREE_EVENTS, rounds=3):
+    best = None
+    for _ in range(rounds):
+        c0, t0 = cpu_seconds(pid), time.perf_counter()
+        r = asyncio.run(client.post("/stream", "x", events, port=port))
+        wall, cpu = time.perf_counter() - t0, cpu_seconds(pid) - c0
+        row = {
+            "events": len(r.pieces),
+            "cpu_us_per_event": 1e6 * cpu / len(r.pieces),
+            "wall_us_per_event": 1e6 * wall / len(r.pieces),
+        }
+        best = row if best is None or row["cpu_us_per_event"] < best["cpu_us_per_event"] else best
+    return best
+
+
+def plot(results, path):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, r in results["servers"].items():
+        ns = sorted(int(n) for n in r["rows"])
+        a.plot(ns, [1000 * r["rows"][n]["gap_p99"] for n in ns], "o-", label=name)
+        b.plot(ns, [r["rows"][n]["tokens_per_s"] for n in ns], "o-", label=name)
+    a.axhline(1000 * GAP_LIMIT, color="gray", ls="--", label=f"{1000 * GAP_LIMIT:.0f} ms: reading speed")
+    a.set(xlabel="concurrent readers", ylabel="gap between pieces, p99 (ms)", yscale="log")
+    b.set(xlabel="concurrent readers", ylabel="tokens a second, all readers")
+    a.legend(fontsize=8)
+    b.legend(fontsize=8)
+    fig.suptitle(
+        f"{results['model']} on {results['device']} in {results['dtype']}, {TOKENS}-token answers", fontsize=10
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def load(args):
+    import lm
+
+    ns = [int(n) for n in args.ns.split(",")]
+    lm.configure(model=args.model)
+    args.dtype = args.dtype or str(lm.dtype()).removeprefix("torch.")
+    common = ["--model", args.model, "--dtype", args.dtype, "--port", "0"]
+    out = {"tokens": TOKENS, "gap_limit_s": GAP_LIMIT, "ttft_limit_s": TTFT_LIMIT, "servers": {}, "join": {}}
+    lm.configure(model=args.model)
+    prompt = long_prompt()
+    for engine in ("batched", "thread"):
+        child = Child(f"--engine {engine}", ["server.py", *common, "--engine", engine])
+        try:
+            child.wait()
+            info = metrics(child.port)
+            out.update(model=info.get("model"), device=info.get("device"), dtype=info.get("dtype"))
+            out["servers"][f"this server, --engine {engine}"] = sweep(f"this server, --engine {engine}", child.port, ns)
+            print(f"  a {JOIN_TOKENS}-token prompt joins 16 streams:", end=" ", flush=True)
+            j = out["join"][engine] = join(child.port, prompt)
+            print(
+                f"the largest gap they saw {1000 * j['largest_gap_s']:.0f} ms; its first text after {j['joined_ttft_s']:.1f} s",
+                flush=True,
+            )
+            if engine == "batched":
+                lv = out["leave"] = leave(child.port)
+                print(
+                    f"  16 of 32 readers leave after 10 pieces: {lv['tokens_after_stop']} tokens generated after they left ({lv['per_reader']:.2f} a reader)",
+                    flush=True,
+                )
+        finally:
+            child.stop()
+    if args.peer:
+        folder = args.peer_folder or (lm.bundled_folder() if args.model == "bundled" else args.model)
+        name = "transformers serve --continuous-batching"
+        try:
+            peer = Peer(folder, args.dtype)
+        except (RuntimeError, TimeoutError, FileNotFoundError) as e:
+            print(f"\n{name}: could not start ({e})", flush=True)
+        else:
+            try:
+                out["servers"][name] = sweep(name, peer.port, ns, ours=False)
+                print(f"  a {JOIN_TOKENS}-token prompt joins 16 streams:", end=" ", flush=True)
+                j = out["join"]["peer"] = join(peer.port, prompt, ours=False)
+                print(f"the largest gap they saw {1000 * j['largest_gap_s']:.0f} ms", flush=True)
+            finally:
+                peer.stop()
+    print("\nserver's own CPU time per event, a generator that costs nothing:", flush=True)
+    out["event_cost"] = event_cost(args.model)
+    for name, c in out["event_cost"].items():
+        print(f"  {name:22s} {c['cpu_us_per_event']:6.1f} µs CPU a event ({c['events']} events)", flush=True)
+    heads = {name: r["readers_at_reading_speed"] for name, r in out["servers"].items()}
+    print("\nreaders served at reading speed:", ", ".join(f"{k}: {v}" for k, v in heads.items()), flush=True)
+    ours = heads.get("this server, --engine batched", 0)
+    for other, v in heads.items():
+        if other != "this server, --engine batched":
+            out.setdefault("ratios", {})[other] = ours / v if v else None
+            print(f"  batched / {other}: " + (f"{ours / v:.2f}x" if v else f"{ours} against 0"), flush=True)
+    results = Path(args.results)
+    client.save(results / "load.json", out)
+    picture = plot(out, results / "load.png")
+    print(f"saved {results / 'load.json'}" + (f" and {picture}" if picture else ""), flush=True)
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("what", choices=["load"])
+    p.add_argument("--model", default=os.environ.get("LM_MODEL", "bundled"))
+    p.add_argument(
+        "--dtype",
+        default=None,
+        help="the same for every server (default: the project's, bfloat16 only with native bf16)",
+    )
+    p.add_argument("--ns", default=",".join(map(str, NS)), help="reader counts, comma-separated")
+    p.add_argument("--peer", action=argparse.BooleanOptionalAction, default=True, help="run transformers serve too")
+    p.add_argument("--peer-folder", default=None, help="a model folder for the peer (default: the bundled model's)")
+    p.add_argument("--results", default="results")
+    load(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()

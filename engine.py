@@ -1,0 +1,339 @@
+"""The step-batched generation engine: one thread, one model, every reader in one batch.
+
+The article's server runs a thread per request, so sixteen readers share the model sixteen ways
+and each gets a sixteenth of it. Here one thread owns the model and runs a loop of steps; each
+step is one forward pass for every active request at once (a batch of 16 costs far less than 16
+batches of one), so every reader gets a token per step. Between steps:
+
+- requests join: a waiting request's prompt is prefilled in chunks of PREFILL_CHUNK tokens, one
+  chunk per step, so a long prompt delays the others by a chunk, not by all of it; its last chunk
+  samples its first token and its KV cache joins the batch's (left-padded to a common length,
+  with an attention mask and each row's own positions);
+- the stop flags are checked, once per step, as the article says a batched engine does: a stopped
+  or finished row leaves the batch at that step and its rows of the KV cache are dropped;
+- at most `max_batch` requests are active; the rest wait in order (the server sends them
+  keep-alive pings meanwhile).
+
+Each row samples with its own seeded generator, temperature and top_p (decoding.choose_batch),
+and its text goes through its own incremental detokenizer to its own queue. Alone, a request
+gives the same tokens as with the thread engine; in a batch, its logits can differ in the last
+bits (padding changes the shapes of the arithmetic), so a sampled text may differ, rarely.
+
+Leaves out: paged KV memory (a join or leave copies the batch's cache), fusing prefill chunks
+into the decode step, --queue's backpressure (a row is never paused for a slow reader: its queue
+grows), and the repetition penalty.
+"""
+
+import asyncio
+import collections
+import inspect
+import threading
+import time
+
+import torch
+
+import lm
+from decoding import choose_batch
+from detokenizer import StreamDetokenizer
+from generation import Job
+
+MAX_BATCH = 64  # active requests per step: past it they wait. 64 rows of 4k tokens is ~6 GB of KV in float32
+PREFILL_CHUNK = 128  # prompt tokens prefilled per step: the extra wait a joining prompt adds to others' gaps
+
+
+class Row:
+    """One request inside the engine: its sampler, detokenizer, and place in the batch."""
+
+    def __init__(self, job):
+        p = job.params
+        self.job, self.ids = job, job.ids
+        self.g = torch.Generator(device=lm.DEVICE).manual_seed(p["seed"])
+        self.temperature, self.top_p = p["temperature"], p["top_p"]
+        self.max_tokens, self.ignore_eos = p["max_tokens"], p.get("ignore_eos", False)
+        self.detok = StreamDetokenizer()
+        self.cache = None  # its own cache while its prompt is prefilled
+        self.filled = 0  # prompt tokens prefilled so far
+        self.length = 0  # tokens in its KV cache: the position of the next input
+        self.next = None  # the token to feed at the next step
+        self.not_before = time.monotonic() + job.first_delay  # testing: --first-delay
+        self.done = False
+
+
+class Engine:
+    def __init__(self, max_batch=MAX_BATCH, prefill_chunk=PREFILL_CHUNK, token_delay=0.0):
+        self.max_batch, self.chunk, self.token_delay = max_batch, prefill_chunk, token_delay
+        self.waiting = collections.deque()  # Rows not yet admitted (submitted from the event loop)
+        self.joining = collections.deque()  # admitted, prompt being prefilled
+        self.rows = []  # in the batch, one per row of `cache`
+        self.cache, self.mask = None, None  # the batch's KV cache and attention mask (B, L)
+        self.lock = threading.Condition()
+        self.steps = self.tokens = 0
+        self.step_seconds = 0.0
+        self.thread = None
+
+    # --- from the event loop -------------------------------------------------------------------
+
+    def submit(self, job):
+        with self.lock:
+            self.waiting.append(Row(job))
+            if self.thread is None:
+                self.thread = threading.Thread(target=self.loop, name="engine", daemon=True)
+                self.thread.start()
+            self.lock.notify()
+
+    def metrics(self):
+        with self.lock:
+            return {
+                "engine": "batched",
+                "max_batch": self.max_batch,
+                "active": sum(not r.done for r in self.rows) + len(self.joining),
+                "waiting": len(self.waiting),
+                "steps": self.steps,
+                "tokens_generated": self.tokens,
+                "step_seconds": round(self.step_seconds, 3),  # bench.py: mean step time per batch size
+            }
+
+    # --- the engine thread ---------------------------------------------------------------------
+
+    def loop(self):
+        m = lm.model()
+        self.ends = lm.stop_ids()
+        self.kw = {}
+        if "logits_to_keep" in inspect.signature(m.forward).parameters:
+            self.kw["logits_to_keep"] = 1
+        self.cache_kw = lm._cache_kwarg(m)
+        while True:
+            with self.lock:
+                while not (self.rows or self.joining or self.ready()):
+                    self.lock.wait(0.05 if self.waiting else None)
+                while self.ready() and len(self.rows) + len(self.joining) < self.max_batch:
+                    self.joining.append(self.waiting.popleft())
+            try:
+                t0 = time.perf_counter()
+                with torch.inference_mode():
+                    self.drop_stopped()
+                    if self.rows:
+                        self.decode()
+                    if self.joining:  # after the decode: a row that joins now has its token for this step
+                        self.prefill(self.joining[0])
+                with self.lock:
+                    self.steps += 1
+                    self.step_seconds += time.perf_counter() - t0
+                if self.token_delay:
+                    time.sleep(self.token_delay)
+            except Exception as e:  # noqa: BLE001 - a failed step fails its requests, not the engine
+                for row in list(self.rows) + list(self.joining):
+                    self.end(row, error=e)
+                self.rows, self.cache, self.mask = [], None, None
+                self.joining.clear()
+
+    def ready(self):
+        return bool(self.waiting) and self.waiting[0].not_before <= time.monotonic()
+
+    def drop_stopped(self):
+        """The once-per-step check of every stop flag."""
+        for row in list(self.joining):
+            if row.job.stop.is_set():
+                self.joining.remove(row)
+                self.end(row, "stopped")
+        if any(row.job.stop.is_set() for row in self.rows):
+            for row in self.rows:
+                if row.job.stop.is_set():
+                    self.end(row, "stopped")
+            self.compact()
+
+    def prefill(self, row):
+        """One chunk of a joining row's prompt; after its last chunk, its first token, and the row
+        joins the batch."""
+        m = lm.model()
+        if row.cache is None:
+            from transformers import DynamicCache
+
+            row.cache = DynamicCache(config=m.config)
+        part = row.ids[row.filled : row.filled + self.chunk]
+        x = torch.tensor([part], device=lm.DEVICE)
+        logits = m(input_ids=x, use_cache=True, **{self.cache_kw: row.cache}, **self.kw).logits[:, -1]
+        row.filled += len(part)
+        if row.filled < len(row.ids):
+            return
+        self.joining.popleft()
+        row.length = len(row.ids)
+        self.emit([row], logits)
+        if not row.done:
+            self.join(row)
+        row.cache = None
+
+    def decode(self):
+        """One forward pass for every row in the batch: each feeds its last token."""
+        m = lm.model()
+        rows = self.rows
+        x = torch.tensor([[r.next] for r in rows], device=lm.DEVICE)
+        positions = torch.tensor([[r.length] for r in rows], device=lm.DEVICE)
+        self.mask = torch.cat([self.mask, torch.ones(len(rows), 1, dtype=self.mask.dtype, device=lm.DEVICE)], 1)
+        padded = not bool(self.mask.all())
+        out = m(
+            input_ids=x,
+            position_ids=positions,
+            attention_mask=self.mask if padded else None,  # None alone: the same arithmetic as the thread engine
+            use_cache=True,
+            **{self.cache_kw: self.cache},
+            **self.kw,
+        )
+        for r in rows:
+            r.length += 1
+        self.emit(rows, out.logits[:, -1])
+        if any(r.done for r in rows):
+            self.compact()
+
+    def emit(self, rows, logits):
+        """Sample a token for each row and hand its text on; a row that ends is marked done."""
+        tokens = choose_batch(logits, [r.g for r in rows], [r.temperature for r in rows], [r.top_p for r in rows])
+        with self.lock:
+            self.tokens += len(rows)
+        for row, token in zip(rows, tokens, strict=True):
+            job = row.job
+            job.produced += 1
+            if token in self.ends and not row.ignore_eos:
+                self.end(row, "eos")
+                continue
+            if piece := row.detok.push(token):
+                job.put(piece)
+            if job.fail_after is not None and job.produced >= job.fail_after:
+                self.end(row, error=RuntimeError(f"injected failure after {job.produced} tokens (--fail-after)"))
+            elif job.produced >= row.max_tokens:
+                self.end(row, "length")
+            row.next = token
+
+    def end(self, row, reason=None, error=None):
+        job, row.done = row.job, True
+        if error is None:
+            if rest := row.detok.flush():
+                job.put(rest)
+            job.reason = reason
+            job.put(None)
+        else:
+            job.put(error)
+        job.call(job.finish, job.produced)
+        job.ended.set()
+
+    # --- the batch's KV cache ------------------------------------------------------------------
+
+    def join(self, row):
+        """Append a prefilled row to the batch, left-padding its cache or the batch's to one length."""
+        new = layers(row.cache)
+        n = new[0][0].shape[2]
+        if not self.rows:
+            self.cache = row.cache
+            self.mask = torch.ones(1, n, dtype=torch.long, device=lm.DEVICE)
+            self.rows = [row]
+            return
+        old = layers(self.cache)
+        L = old[0][0].shape[2]
+        width = max(L, n)
+        merged = [
+            (torch.cat([pad(k, width), pad(k2, width)]), torch.cat([pad(v, width), pad(v2, width)]))
+            for (k, v), (k2, v2) in zip(old, new, strict=True)
+        ]
+        set_layers(self.cache, merged)
+        mask_row = torch.ones(1, n, dtype=self.mask.dtype, device=lm.DEVICE)
+        self.mask = torch.cat([pad_mask(self.mask, width), pad_mask(mask_row, width)])
+        self.rows.append(row)
+
+    def compact(self):
+        """Drop the rows that are done (their KV memory goes with them), then the columns of
+        padding every remaining row has."""
+        keep = [i for i, r in enumerate(self.rows) if not r.done]
+        if not keep:
+            self.rows, self.cache, self.mask = [], None, None
+            return
+        index = torch.tensor(keep, device=lm.DEVICE)
+        self.rows = [self.rows[i] for i in keep]
+        self.mask = self.mask.index_select(0, index)
+        start = int(self.mask.any(0).int().argmax())  # the first column some row uses
+        self.mask = self.mask[:, start:]
+        set_layers(
+            self.cache,
+            [
+                (k.index_select(0, index)[:, :, start:], v.index_select(0, index)[:, :, start:])
+                for k, v in layers(self.cache)
+            ],
+        )
+
+
+def layers(cache):
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def set_layers(cache, kv):
+    for layer, (k, v) in zip(cache.layers, kv, strict=True):
+        layer.keys, layer.values = k.contiguous(), v.contiguous()
+
+
+def pad(t, width):
+    """Left-pad a (B, H, L, D) tensor with zeros to length `width` (masked out, never attended)."""
+    missing = width - t.shape[2]
+    return t if missing == 0 else torch.nn.functional.pad(t, (0, 0, missing, 0))
+
+
+def pad_mask(mask, width):
+    missing = width - mask.shape[1]
+    return mask if missing == 0 else torch.nn.functional.pad(mask, (missing, 0))
+
+
+ENGINE = None  # the server's engine, made by configure()
+
+
+def configure(max_batch=MAX_BATCH, prefill_chunk=PREFILL_CHUNK, token_delay=0.0):
+    global ENGINE
+    ENGINE = Engine(max_batch, prefill_chunk, token_delay)
+    return ENGINE
+
+
+class FreeJob(Job):
+    """`--engine free`, for measuring the server alone: no model, every piece ' x' at once (as
+    fast as the reader takes them), so what costs time is the server's own work per event."""
+
+    def start(self):
+        from generation import ACTIVE
+
+        ACTIVE.add(self)
+        self.loop.create_task(self.feed())
+        self.thread = self
+        return self
+
+    async def feed(self):
+        for _ in range(self.params["max_tokens"]):
+            if self.stop.is_set():
+                break
+            self.produced += 1
+            self.out.put_nowait(" x")
+            if self.out.qsize() > 64:
+                await asyncio.sleep(0)  # let the reader catch up, as a bounded queue would
+                while self.out.qsize() > 16 and not self.stop.is_set():
+                    await asyncio.sleep(0.001)
+        self.reason = "stopped" if self.stop.is_set() else "length"
+        self.out.put_nowait(None)
+        self.finish(self.produced)
+
+    def join(self, timeout=None):
+        pass
+
+
+class BatchedJob(Job):
+    """A Job (the same `stop`, `get()`, `done`, `reason`) that the engine runs instead of a thread."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.slots = None  # never block the engine on one reader: its queue grows instead
+        self.ended = threading.Event()
+        self.thread = self  # shutdown joins `job.thread`
+
+    def start(self):
+        from generation import ACTIVE
+
+        ACTIVE.add(self)
+        ENGINE.submit(self)
+        return self
+
+    def join(self, timeout=None):
+        self.ended.wait(timeout)

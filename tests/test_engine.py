@@ -1,0 +1,207 @@
+"""The step-batched engine (engine.py) with the tiny model, in process: joining and leaving
+mid-batch, stop flags within one step, KV rows released, seeds giving the text of a request
+alone, chunked prefill, the queue beyond max_batch; and the server's --engine and /metrics."""
+
+import asyncio
+import json
+import threading
+
+import pytest
+from helpers import ServerProcess, http, metrics
+
+import engine
+import lm
+from generation import Job, parse_params
+
+PROMPTS = [
+    "Hello there",
+    "The lighthouse keeper wrote in his log every night about the sea and the ships",
+    "a",
+    "Once upon a time in a land far away",
+    "x y z",
+]
+
+
+def params(i, n=20, greedy=None):
+    temperature = 0 if (greedy if greedy is not None else i % 2) else 1.0
+    return parse_params({"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": n, "seed": i, "temperature": temperature})
+
+
+def ids(i):
+    return lm.tok(PROMPTS[i % len(PROMPTS)]).input_ids
+
+
+async def text(job, on_piece=None):
+    out = []
+    while (x := await job.get()) is not None:
+        if isinstance(x, BaseException):
+            raise x
+        out.append(x)
+        if on_piece:
+            on_piece(len(out))
+    return "".join(out), await job.done
+
+
+async def alone_with_threads(n=20):
+    return [await text(Job(ids(i), params(i, n)).start()) for i in range(len(PROMPTS))]
+
+
+def test_alone_and_together_give_the_thread_engines_text():
+    async def run():
+        engine.configure(max_batch=8, prefill_chunk=8)
+        expected = await alone_with_threads()
+        alone = [await text(engine.BatchedJob(ids(i), params(i)).start()) for i in range(len(PROMPTS))]
+        together = await asyncio.gather(*(text(engine.BatchedJob(ids(i), params(i)).start()) for i in range(5)))
+        return expected, alone, together
+
+    expected, alone, together = asyncio.run(run())
+    assert alone == expected  # greedy and seeded sampling alike, float32
+    assert list(together) == expected
+
+
+def test_requests_join_and_leave_mid_batch_and_the_cache_keeps_only_live_rows():
+    async def run():
+        e = engine.configure(max_batch=8, prefill_chunk=64)
+        expected = await alone_with_threads(30)
+        first = [engine.BatchedJob(ids(i), params(i, 30)).start() for i in range(3)]
+        started = asyncio.Event()
+        tasks = [asyncio.ensure_future(text(j, lambda k: k >= 5 and started.set())) for j in first]
+        await started.wait()  # the first three are mid-answer: two more join
+        late = [engine.BatchedJob(ids(i), params(i, 30)).start() for i in (3, 4)]
+        results = await asyncio.gather(*tasks, *(text(j) for j in late))
+        await asyncio.sleep(0.1)
+        return expected, results, e
+
+    expected, results, e = asyncio.run(run())
+    assert list(results) == expected
+    assert e.rows == [] and e.cache is None and e.mask is None  # every finished row's KV is gone
+
+
+def test_a_stop_is_honoured_within_one_step_and_its_rows_leave_the_cache():
+    async def run():
+        e = engine.configure(max_batch=8, token_delay=0.01)
+        jobs = [engine.BatchedJob(ids(i), params(i, 2000)).start() for i in range(4)]
+        seen = {}
+
+        def stop_at(job, k):
+            if k >= 5 and not job.stop.is_set():
+                job.stop.set()
+
+        victim = jobs[1]
+        task = asyncio.ensure_future(text(victim, lambda k: stop_at(victim, k)))
+        await task
+        await asyncio.sleep(0.1)
+        seen["batch"] = e.cache.layers[0].keys.shape[0] if e.cache is not None else 0
+        seen["rows"] = len(e.rows)
+        for j in jobs:
+            j.stop.set()
+        await asyncio.gather(*(j.done for j in jobs))
+        return victim, seen, jobs
+
+    victim, seen, jobs = asyncio.run(run())
+    assert victim.reason == "stopped" and victim.produced - victim.stop.at <= 1
+    assert seen == {"batch": 3, "rows": 3}  # the stopped row left the batch's KV cache
+    assert all(j.produced - j.stop.at <= 1 for j in jobs)
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_while_the_others_keep_going():
+    async def run():
+        engine.configure(max_batch=8, prefill_chunk=4, token_delay=0.005)
+        running = engine.BatchedJob(ids(0), params(0, 400, greedy=True)).start()
+        counts = []
+        task = asyncio.ensure_future(text(running, counts.append))
+        while not counts:
+            await asyncio.sleep(0.01)
+        long_ids = ids(1) * 6  # ~100 tokens: 25 chunks of 4
+        before = running.produced
+        joined = engine.BatchedJob(long_ids, params(1, 3, greedy=True)).start()
+        long_text = await text(joined)
+        during = running.produced - before
+        running.stop.set()
+        await task
+        alone = await text(Job(long_ids, params(1, 3, greedy=True)).start())
+        return during, len(long_ids), long_text, alone
+
+    during, n, long_text, alone = asyncio.run(run())
+    assert during >= n // 4  # a decode step for the running reader between every chunk
+    assert long_text == alone
+
+
+def test_requests_beyond_max_batch_wait_their_turn():
+    async def run():
+        e = engine.configure(max_batch=2, token_delay=0.01)
+        expected = await alone_with_threads(10)
+        jobs = [engine.BatchedJob(ids(i), params(i, 10)).start() for i in range(5)]
+        await asyncio.sleep(0.05)
+        m = e.metrics()
+        results = await asyncio.gather(*(text(j) for j in jobs))
+        return m, expected, results
+
+    m, expected, results = asyncio.run(run())
+    assert m["active"] <= 2 and m["waiting"] >= 2
+    assert list(results) == expected
+
+
+def test_a_failed_step_fails_its_requests_not_the_engine():
+    async def run():
+        e = engine.configure(max_batch=4)
+        job = engine.BatchedJob([10**7], params(0)).start()  # an id past the vocabulary: the step raises
+        with pytest.raises(Exception):  # noqa: B017 - whatever torch raises for a bad index
+            await text(job)
+        return await text(engine.BatchedJob(ids(0), params(0)).start()), e
+
+    (good, _), e = asyncio.run(run())
+    assert good and e.thread.is_alive()
+
+
+# --- the server ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pair():
+    servers = [
+        ServerProcess("--engine", "thread"),
+        ServerProcess("--max-batch", "1", "--ping", "0.2", "--token-delay", "0.05"),
+    ]
+    try:
+        yield [s.wait() for s in servers]
+    finally:
+        for s in servers:
+            s.stop()
+
+
+def test_both_engines_give_the_same_text(servers, pair):
+    body = {"prompt": PROMPTS[1], "max_tokens": 30, "seed": 4, "temperature": 0}
+    texts = [json.loads(http(p, "POST", "/complete", body)[2])["text"] for p in (servers["plain"].port, pair[0].port)]
+    assert texts[0] == texts[1]
+    assert metrics(pair[0].port)["engine"] == "thread" and metrics(servers["plain"].port)["engine"] == "batched"
+
+
+def test_metrics_show_the_engine(servers):
+    port = servers["plain"].port
+    http(port, "POST", "/complete", {"prompt": "Hi", "max_tokens": 5})
+    m = metrics(port)
+    assert {"active", "waiting", "steps", "tokens_generated", "tokens_after_stop", "requests_stopped"} <= set(m)
+    assert m["steps"] > 0 and m["tokens_generated"] >= 5 and m["max_batch"] == engine.MAX_BATCH
+
+
+def test_a_request_beyond_max_batch_waits_with_keep_alive_pings(pair):
+    port = pair[1].port  # --max-batch 1
+    results = {}
+
+    def stream(name, n):
+        results[name] = http(port, "POST", "/stream", {"prompt": "Hello", "max_tokens": n, "ignore_eos": True})
+
+    first = threading.Thread(target=stream, args=("first", 30))
+    first.start()
+    while metrics(port)["active"] == 0:
+        pass
+    second = threading.Thread(target=stream, args=("second", 3))
+    second.start()
+    while metrics(port)["waiting"] == 0 and first.is_alive():
+        pass
+    first.join()
+    second.join()
+    body = results["second"][2]
+    assert b": ping" in body.split(b"data: {")[0]  # pinged while it waited for a place
+    assert body.rstrip().endswith(b"data: [DONE]")
