@@ -332,7 +332,7 @@ class BatchedJob(Job):
         from generation import ACTIVE
 
         ACTIVE.add(self)
-        ENGINE.submit(self)
+        (ENGINE or configure()).submit(self)
         return self
 
     def join(self, timeout=None):

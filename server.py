@@ -221,6 +221,9 @@ class Server:
         if conn.writer.transport.is_closing():
             return False
         conn.writer.write(data)
+        transport = conn.writer.transport
+        if transport.get_write_buffer_size() < transport.get_write_buffer_limits()[1]:
+            return True  # under the high-water mark drain() would not wait: skip its timer (per event)
         try:
             await asyncio.wait_for(conn.writer.drain(), self.args.write_timeout)
         except asyncio.TimeoutError:
@@ -250,6 +253,14 @@ class Server:
         failed. After --ping seconds without a piece, call on_silence(); if that says the reader
         is gone (False), stop the job and return early."""
         while True:
+            if not job.out.empty():  # a piece is ready: take it without a task or a timer
+                item = await job.get()
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise ProtocolError(f"generation failed: {item}", 500, close_code=1011, kind="generation_failed")
+                yield item
+                continue
             getter = asyncio.ensure_future(job.get())
             while not getter.done():
                 done, _ = await asyncio.wait({getter}, timeout=self.args.ping)
