@@ -322,17 +322,22 @@ def load(args):
     args.dtype = args.dtype or str(lm.dtype()).removeprefix("torch.")
     common = ["--model", args.model, "--dtype", args.dtype, "--port", "0"]
     out = {"tokens": TOKENS, "gap_limit_s": GAP_LIMIT, "ttft_limit_s": TTFT_LIMIT, "servers": {}, "join": {}}
-    lm.configure(model=args.model)
+    saved = Path(args.results) / "load.json"
+    if args.merge and saved.exists():  # add rows (more N, or another server) to an earlier run
+        out = json.loads(saved.read_text())
+        for r in out["servers"].values():
+            r["rows"] = {int(n): f for n, f in r["rows"].items()}
     prompt = long_prompt()
-    for engine in ("batched", "thread"):
+    engines = [e for e in args.engines.split(",") if e]
+    for engine in engines:
         child = Child(f"--engine {engine}", ["server.py", *common, "--engine", engine])
         try:
             child.wait()
             info = metrics(child.port)
             out.update(model=info.get("model"), device=info.get("device"), dtype=info.get("dtype"))
             name = f"this server, --engine {engine}"
-            out["servers"][name] = sweep(name, child.port, ns, cutoff=args.cutoff)
-            if engine == "batched":  # (with 16 threads of the thread engine it takes many minutes here)
+            merge(out, name, sweep(name, child.port, ns, cutoff=args.cutoff))
+            if engine == "batched" and args.extras:  # (16 threads of the thread engine: many minutes here)
                 print(f"  a {JOIN_TOKENS}-token prompt joins 16 streams:", end=" ", flush=True)
                 j = out["join"][engine] = join(child.port, prompt)
                 print(
@@ -358,28 +363,55 @@ def load(args):
         else:
             try:
                 model = str(folder)  # it serves only the model it was started with, by that name
-                out["servers"][name] = sweep(name, peer.port, ns, ours=False, cutoff=args.cutoff, model=model)
-                print(f"  a {JOIN_TOKENS}-token prompt joins 16 streams:", end=" ", flush=True)
-                j = out["join"]["peer"] = join(peer.port, prompt, ours=False, model=model)
-                print(f"the largest gap they saw {1000 * j['largest_gap_s']:.0f} ms", flush=True)
+                merge(out, name, sweep(name, peer.port, ns, ours=False, cutoff=args.cutoff, model=model))
+                if args.extras:
+                    print(f"  a {JOIN_TOKENS}-token prompt joins 16 streams:", end=" ", flush=True)
+                    j = out["join"]["peer"] = join(peer.port, prompt, ours=False, model=model)
+                    print(f"the largest gap they saw {1000 * j['largest_gap_s']:.0f} ms", flush=True)
             finally:
                 peer.stop()
-    print("\nserver's own CPU time per event, a generator that costs nothing:", flush=True)
-    out["event_cost"] = event_cost(args.model)
-    for name, c in out["event_cost"].items():
+    if args.extras:
+        print("\nserver's own CPU time per event, a generator that costs nothing:", flush=True)
+        out["event_cost"] = event_cost(args.model)
+    for name, c in out.get("event_cost", {}).items():
         print(f"  {name:22s} {c['cpu_us_per_event']:6.1f} µs CPU a event ({c['events']} events)", flush=True)
     heads = {name: r["readers_at_reading_speed"] for name, r in out["servers"].items()}
     print("\nreaders served at reading speed:", ", ".join(f"{k}: {v}" for k, v in heads.items()), flush=True)
-    ours = heads.get("this server, --engine batched", 0)
+    mine = "this server, --engine batched"
+    ours = heads.get(mine, 0)
     for other, v in heads.items():
-        if other != "this server, --engine batched":
-            out.setdefault("ratios", {})[other] = ours / v if v else None
-            print(f"  batched / {other}: " + (f"{ours / v:.2f}x" if v else f"{ours} against 0"), flush=True)
+        if other == mine or mine not in out["servers"]:
+            continue
+        out.setdefault("ratios", {})[other] = ours / v if v else None
+        line = f"  batched / {other}: readers " + (f"{ours / v:.2f}x" if v else f"{ours} against {v}")
+        common = set(out["servers"][mine]["rows"]) & set(out["servers"][other]["rows"])
+        if common:  # capacity where both ran: the tokens a second all readers got
+            n = max(common)
+            a, b = out["servers"][mine]["rows"][n], out["servers"][other]["rows"][n]
+            out.setdefault("throughput_ratios", {})[other] = {"n": n, "ratio": a["tokens_per_s"] / b["tokens_per_s"]}
+            line += f"; tokens a second at {n} readers {a['tokens_per_s'] / b['tokens_per_s']:.2f}x"
+            line += f", gap p50 {1000 * a['gap_p50']:.0f} ms against {1000 * b['gap_p50']:.0f}"
+        print(line, flush=True)
     results = Path(args.results)
     client.save(results / "load.json", out)
     picture = plot(out, results / "load.png")
     print(f"saved {results / 'load.json'}" + (f" and {picture}" if picture else ""), flush=True)
     return out
+
+
+def merge(out, name, result):
+    """A server's sweep into the results, keeping rows of other N from an earlier run."""
+    old = out["servers"].get(name, {"rows": {}})["rows"]
+    rows = {**old, **result["rows"]}
+    result["rows"] = dict(sorted(rows.items()))
+    fine = {n: f for n, f in rows.items() if f["gap_p99"] is not None and not f["failed"]}
+    result["readers_at_reading_speed"] = max(
+        (n for n, f in fine.items() if f["gap_p99"] <= GAP_LIMIT and f["ttft_p99"] <= TTFT_LIMIT), default=0
+    )
+    result["readers_at_reading_speed_gaps_only"] = max(
+        (n for n, f in fine.items() if f["gap_p99"] <= GAP_LIMIT), default=0
+    )
+    out["servers"][name] = result
 
 
 def profile(args):
@@ -440,6 +472,14 @@ def main(argv=None):
     p.add_argument("--peer", action=argparse.BooleanOptionalAction, default=True, help="run transformers serve too")
     p.add_argument("--peer-folder", default=None, help="a model folder for the peer (default: the bundled model's)")
     p.add_argument("--cutoff", type=float, default=CUTOFF, help="stop a sweep past this x the gap limit (0: never)")
+    p.add_argument("--engines", default="batched,thread", help="load: which of this server's engines to run")
+    p.add_argument(
+        "--extras",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="load: the join, leave and per-event measurements",
+    )
+    p.add_argument("--merge", action="store_true", help="load: add to results/load.json instead of replacing it")
     p.add_argument("--results", default="results")
     args = p.parse_args(argv)
     (load if args.what == "load" else profile)(args)
