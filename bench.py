@@ -133,7 +133,7 @@ def metrics(port):
         return {}
 
 
-def sweep(name, port, ns, ours=True, cutoff=CUTOFF, model=None):
+def sweep(name, port, ns, ours=True, cutoff=CUTOFF, model=None, on_row=None):
     print(f"\n{name}", flush=True)
     print("    N  TTFT p50  p99 ms   gap p50   p99   max ms   tokens/s   mean step ms", flush=True)
     rows = {}
@@ -147,6 +147,8 @@ def sweep(name, port, ns, ours=True, cutoff=CUTOFF, model=None):
         steps = after.get("steps", 0) - before.get("steps", 0)
         f["mean_step_ms"] = 1000 * (after["step_seconds"] - before["step_seconds"]) / steps if steps else None
         rows[n] = f
+        if on_row:  # saved as it goes: a long sweep interrupted keeps its rows
+            on_row(n, f)
         step = f"{f['mean_step_ms']:8.0f}" if f["mean_step_ms"] else "       -"
         print(
             f"  {n:3d}  {ms(f['ttft_p50'])}  {ms(f['ttft_p99'])}     {ms(f['gap_p50'])} {ms(f['gap_p99'])} {ms(f['gap_max'])}"
@@ -336,7 +338,7 @@ def load(args):
             info = metrics(child.port)
             out.update(model=info.get("model"), device=info.get("device"), dtype=info.get("dtype"))
             name = f"this server, --engine {engine}"
-            merge(out, name, sweep(name, child.port, ns, cutoff=args.cutoff))
+            merge(out, name, sweep(name, child.port, ns, cutoff=args.cutoff, on_row=keep(out, name, saved)))
             if engine == "batched" and args.extras:  # (16 threads of the thread engine: many minutes here)
                 print(f"  a {JOIN_TOKENS}-token prompt joins 16 streams:", end=" ", flush=True)
                 j = out["join"][engine] = join(child.port, prompt)
@@ -363,7 +365,10 @@ def load(args):
         else:
             try:
                 model = str(folder)  # it serves only the model it was started with, by that name
-                merge(out, name, sweep(name, peer.port, ns, ours=False, cutoff=args.cutoff, model=model))
+                rows = sweep(
+                    name, peer.port, ns, ours=False, cutoff=args.cutoff, model=model, on_row=keep(out, name, saved)
+                )
+                merge(out, name, rows)
                 if args.extras:
                     print(f"  a {JOIN_TOKENS}-token prompt joins 16 streams:", end=" ", flush=True)
                     j = out["join"]["peer"] = join(peer.port, prompt, ours=False, model=model)
@@ -397,6 +402,16 @@ def load(args):
     picture = plot(out, results / "load.png")
     print(f"saved {results / 'load.json'}" + (f" and {picture}" if picture else ""), flush=True)
     return out
+
+
+def keep(out, name, path):
+    """on_row for sweep(): merge each row into the results and save them."""
+
+    def on_row(n, f):
+        merge(out, name, {"rows": {n: f}})
+        client.save(path, out)
+
+    return on_row
 
 
 def merge(out, name, result):
