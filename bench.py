@@ -158,18 +158,23 @@ def sweep(name, port, ns, ours=True, cutoff=CUTOFF, model=None, on_row=None):
         if f["gap_p99"] is None or cutoff and f["gap_p99"] > cutoff * GAP_LIMIT:
             print(f"  (past {cutoff:g}x the gap limit: larger N not run)", flush=True)
             break
-    fine = {n: f for n, f in rows.items() if f["gap_p99"] is not None and not f["failed"]}
-    ok = [n for n, f in fine.items() if f["gap_p99"] <= GAP_LIMIT and f["ttft_p99"] <= TTFT_LIMIT]
-    gap_ok = [n for n, f in fine.items() if f["gap_p99"] <= GAP_LIMIT]
-    headline = max(ok, default=0)
+    result = {"rows": rows, **headlines(rows)}
     print(
-        f"  readers served at reading speed: {headline} (by the gaps alone, TTFT aside: {max(gap_ok, default=0)})",
+        f"  readers served at reading speed: {result['readers_at_reading_speed']} "
+        f"(by the gaps alone, TTFT aside: {result['readers_at_reading_speed_gaps_only']})",
         flush=True,
     )
+    return result
+
+
+def headlines(rows):
+    """The largest N at reading speed (gap p99 and TTFT p99 within their limits), and by the gaps alone."""
+    fine = {n: f for n, f in rows.items() if f["gap_p99"] is not None and not f["failed"]}
     return {
-        "rows": rows,
-        "readers_at_reading_speed": headline,
-        "readers_at_reading_speed_gaps_only": max(gap_ok, default=0),
+        "readers_at_reading_speed": max(
+            (n for n, f in fine.items() if f["gap_p99"] <= GAP_LIMIT and f["ttft_p99"] <= TTFT_LIMIT), default=0
+        ),
+        "readers_at_reading_speed_gaps_only": max((n for n, f in fine.items() if f["gap_p99"] <= GAP_LIMIT), default=0),
     }
 
 
@@ -419,13 +424,7 @@ def merge(out, name, result):
     old = out["servers"].get(name, {"rows": {}})["rows"]
     rows = {**old, **result["rows"]}
     result["rows"] = dict(sorted(rows.items()))
-    fine = {n: f for n, f in rows.items() if f["gap_p99"] is not None and not f["failed"]}
-    result["readers_at_reading_speed"] = max(
-        (n for n, f in fine.items() if f["gap_p99"] <= GAP_LIMIT and f["ttft_p99"] <= TTFT_LIMIT), default=0
-    )
-    result["readers_at_reading_speed_gaps_only"] = max(
-        (n for n, f in fine.items() if f["gap_p99"] <= GAP_LIMIT), default=0
-    )
+    result.update(headlines(rows))
     out["servers"][name] = result
 
 

@@ -82,6 +82,14 @@ class Body:
     def feed(self, data):
         return self.decoder.feed(data) if self.decoder else data
 
+    async def read_all(self, r, rest):
+        """The whole body, given the bytes already read after the head: (data, bytes read now)."""
+        data, received = self.feed(rest), 0
+        while not self.done and (chunk := await r.read(65536)):
+            data += self.feed(chunk)
+            received += len(chunk)
+        return data, received
+
 
 async def post(path, prompt, n, stop_after=None, host=None, port=None, seed=0, extra=None):
     """POST a prompt to /complete or /stream and time what comes back."""
@@ -96,10 +104,8 @@ async def post(path, prompt, n, stop_after=None, host=None, port=None, seed=0, e
         status, headers, rest, received = await read_head(r, w)
         body = Body(headers)
         if path != "/stream":
-            data = body.feed(rest)
-            while not body.done and (chunk := await r.read(65536)):
-                data += body.feed(chunk)
-                received += len(chunk)
+            data, more = await body.read_all(r, rest)
+            received += more
             end = time.perf_counter() - t0
             value = json.loads(data)
             if status != 200:
@@ -244,10 +250,8 @@ async def api_post(fmt, prompt, n, url, stream=True, api_key=None, model=None, s
         status, headers, rest, received = await read_head(r, w)
         body = Body(headers)
         if status != 200 or not stream:
-            data = body.feed(rest)
-            while not body.done and (chunk := await r.read(65536)):
-                data += body.feed(chunk)
-                received += len(chunk)
+            data, more = await body.read_all(r, rest)
+            received += more
             if status != 200:
                 raise ServerError(f"{status}: {data[:500].decode(errors='replace')}")
             end = time.perf_counter() - t0
@@ -340,10 +344,7 @@ async def get_json(path, host=None, port=None):
     r, w = await asyncio.open_connection(host or HOST, port or PORT)
     w.write(b"GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % path.encode())
     _, headers, rest, _ = await read_head(r, w)
-    body = Body(headers)
-    data = body.feed(rest)
-    while not body.done and (chunk := await r.read(65536)):
-        data += body.feed(chunk)
+    data, _ = await Body(headers).read_all(r, rest)
     w.close()
     return json.loads(data)
 

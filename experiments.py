@@ -98,7 +98,7 @@ async def through_nginx(server, quiet, pinging):
     r, c = {}, []
     with Nginx(server) as n:
         a = await client.post("/stream", PROMPT, N, port=n.port)
-    r["honored"] = {"first_s": a.first, "total_s": a.total, "pieces": len(a.pieces), "bytes": a.received}
+    r["honored"] = timing(a)
     print(
         f"through nginx, X-Accel-Buffering: no honored: first text after {a.first:.2f} s, "
         f"the end after {a.total:.2f} s, {len(a.pieces)} pieces",
@@ -106,7 +106,7 @@ async def through_nginx(server, quiet, pinging):
     )
     with Nginx(server, ["proxy_ignore_headers X-Accel-Buffering;"]) as n:
         b = await client.post("/stream", PROMPT, N, port=n.port)
-    r["ignored"] = {"first_s": b.first, "total_s": b.total, "pieces": len(b.pieces), "bytes": b.received}
+    r["ignored"] = timing(b)
     print(
         f"through nginx told to ignore it (proxy_ignore_headers): first text after {b.first:.2f} s, "
         f"the end after {b.total:.2f} s",
@@ -262,6 +262,11 @@ class Child:
                 self.proc.wait()
 
 
+def timing(r):
+    """A client.Result as saved in the results: first text, the end, pieces, bytes."""
+    return {"first_s": r.first, "total_s": r.total, "pieces": len(r.pieces), "bytes": r.received}
+
+
 def check(conclusions, name, holds, detail):
     conclusions.append({"conclusion": name, "holds": bool(holds), "detail": detail})
 
@@ -290,8 +295,8 @@ async def run_all(ports, model, prompts, measure_tokens):
     b = await proxy(buffering)
     print("With --honor:", flush=True)
     h = await proxy(honoring)
-    results["proxy"] = {"first_s": b.first, "total_s": b.total, "pieces": len(b.pieces), "bytes": b.received}
-    results["proxy_honor"] = {"first_s": h.first, "total_s": h.total, "pieces": len(h.pieces), "bytes": h.received}
+    results["proxy"] = timing(b)
+    results["proxy_honor"] = timing(h)
 
     c = []
     m = figures

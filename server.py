@@ -255,20 +255,15 @@ class Server:
         while True:
             if not job.out.empty():  # a piece is ready: take it without a task or a timer
                 item = await job.get()
-                if item is None:
-                    return
-                if isinstance(item, BaseException):
-                    raise ProtocolError(f"generation failed: {item}", 500, close_code=1011, kind="generation_failed")
-                yield item
-                continue
-            getter = asyncio.ensure_future(job.get())
-            while not getter.done():
-                done, _ = await asyncio.wait({getter}, timeout=self.args.ping)
-                if not done and on_silence is not None and not await on_silence():
-                    getter.cancel()
-                    job.stop.set()
-                    return
-            item = getter.result()
+            else:
+                getter = asyncio.ensure_future(job.get())
+                while not getter.done():
+                    done, _ = await asyncio.wait({getter}, timeout=self.args.ping)
+                    if not done and on_silence is not None and not await on_silence():
+                        getter.cancel()
+                        job.stop.set()
+                        return
+                item = getter.result()
             if item is None:
                 return
             if isinstance(item, BaseException):
