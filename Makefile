@@ -24,12 +24,12 @@ test: $(STAMP)
 	PYTHONASYNCIODEBUG=1 $(BIN)/python -m pytest
 
 reproduce: $(STAMP)
-	@echo "== split_chars.py: a character split across tokens"
-	$(BIN)/python split_chars.py --model $(MODEL)
-	@echo "== event_bytes.py: what one piece of text costs on the wire"
-	$(BIN)/python event_bytes.py
-	@echo "== reading_speed.py: is generation faster than reading?"
-	$(BIN)/python reading_speed.py --model $(MODEL)
+	@echo "== scripts/split_chars.py: a character split across tokens"
+	$(BIN)/python scripts/split_chars.py --model $(MODEL)
+	@echo "== scripts/event_bytes.py: what one piece of text costs on the wire"
+	$(BIN)/python scripts/event_bytes.py
+	@echo "== scripts/reading_speed.py: is generation faster than reading?"
+	$(BIN)/python scripts/reading_speed.py --model $(MODEL)
 	@echo "== experiments.py all: /complete vs /stream vs /ws, a reader leaving, saying stop, and the proxy"
 	$(BIN)/python experiments.py all --model $(MODEL)
 	@echo "== experiments.py nginx: the same path through a real nginx"
@@ -42,15 +42,16 @@ reproduce: $(STAMP)
 	@echo "== written: results/*.json, results/timeline.png and results/page.png"
 
 bench-detok: $(STAMP)
-	$(BIN)/python bench_detok.py
+	$(BIN)/python scripts/bench_detok.py
 
 bench-load: $(STAMP)
 	$(BIN)/pip install --quiet -e ".[bench]"
-	$(BIN)/python bench.py load --model $(MODEL)
+	$(BIN)/python scripts/bench.py load --model $(MODEL)
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
+	$(BIN)/mypy  # the wire layer strictly, the generation layer's annotations (pyproject.toml)
 
 format: $(STAMP)
 	$(BIN)/ruff format .

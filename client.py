@@ -11,112 +11,121 @@ sse.EventParser, a real event-stream parser, not the article's `event[len("data:
 WebSocket client masks its frames with fresh random keys, answers pings, and does the close
 handshake.
 
-Leaves out: TLS, redirects, proxies' CONNECT, and HTTP keep-alive (the server closes anyway).
+Responses are read with streaming.wire.http11.ResponseReader and WebSocket frames with the
+sans-I/O streaming.wire.session.Session, the same code the server's side of the wire uses.
+
+Leaves out: redirects, proxies' CONNECT, and HTTP keep-alive (the server closes anyway).
 """
 
 import argparse
 import asyncio
-import base64
 import json
 import os
 import ssl
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
-import http11
-import sse
-import ws
+from streaming.wire import http11, sse
+from streaming.wire import websocket as websocket_frames
+from streaming.wire.errors import ProtocolError
+from streaming.wire.session import ABNORMAL, Closed, Session
 
-HOST, PORT = "127.0.0.1", 8765  # the article sets client.PORT = 8766 to go through the proxy
+HOST, PORT = "127.0.0.1", 8765  # the defaults; every function takes host= and port=
+READ_SIZE = 65536
 LEAVE_PAUSE = 1.0  # seconds to stay after leaving, so a server has a moment to notice (the article's)
 
 
-class Result(tuple):
-    """(first, total, received, pieces), plus `arrivals`: seconds at which each piece arrived."""
+class Timing(NamedTuple):
+    """The article's four figures of one answer."""
+
+    first: float | None  # seconds to the first text
+    total: float  # seconds to the end
+    received: int  # bytes received, headers included
+    pieces: list  # the text pieces
+
+
+class Result(Timing):
+    """A Timing (it unpacks as the article's four values), plus `arrivals`: the seconds at which
+    each piece arrived."""
 
     def __new__(cls, first, total, received, pieces, arrivals=()):
-        r = super().__new__(cls, (first, total, received, pieces))
+        r = super().__new__(cls, first, total, received, pieces)
         r.arrivals = list(arrivals)
         return r
-
-    first = property(lambda self: self[0])
-    total = property(lambda self: self[1])
-    received = property(lambda self: self[2])
-    pieces = property(lambda self: self[3])
 
 
 class ServerError(Exception):
     """The server answered with an error status, an error event or an error message."""
 
 
-async def read_head(r, w, buffer=b""):
-    """Read an HTTP response head; return (status, headers, the bytes after it, bytes read)."""
-    received = 0
-    while b"\r\n\r\n" not in buffer:
-        chunk = await r.read(65536)
-        if not chunk:
-            raise ServerError("the connection closed before a response")
-        received += len(chunk)
-        buffer += chunk
-    head, _, rest = buffer.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    status = int(lines[0].split()[1])
-    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
-    return status, headers, rest, received
+class Reply:
+    """One response as it arrives on a connection, through http11.ResponseReader (head, then a
+    Content-Length, chunked or until-close body: nginx sends a stream to an HTTP/1.1 client
+    chunked), counting every byte received, headers included."""
+
+    def __init__(self, r):
+        self.r, self.parser, self.received = r, http11.ResponseReader(), 0
+
+    async def next(self):
+        while (event := self.parser.next_event()) is None:
+            chunk = await self.r.read(READ_SIZE)
+            self.received += len(chunk)
+            if chunk:
+                self.parser.feed(chunk)
+            else:
+                self.parser.feed_eof()
+        return event
+
+    async def head(self):
+        """The response's head: its status and headers."""
+        try:
+            return await self.next()
+        except ProtocolError as e:
+            raise ServerError(e.message) from None
+
+    async def chunks(self):
+        """The body's data as it arrives; a body cut short just ends (the caller sees what is missing)."""
+        try:
+            while (event := await self.next()) is not http11.END:
+                yield event
+        except ProtocolError:
+            return
+
+    async def body(self):
+        return b"".join([data async for data in self.chunks()])
 
 
-class Body:
-    """A response body as it arrives: as is (to end-of-file), or decoded from chunked transfer
-    coding, which a proxy such as nginx uses towards an HTTP/1.1 client; `done` at its last chunk."""
-
-    def __init__(self, headers):
-        chunked = "chunked" in headers.get("transfer-encoding", "").lower()
-        self.decoder = http11.ChunkedDecoder() if chunked else None
-
-    @property
-    def done(self):
-        return self.decoder is not None and self.decoder.done
-
-    def feed(self, data):
-        return self.decoder.feed(data) if self.decoder else data
-
-    async def read_all(self, r, rest):
-        """The whole body, given the bytes already read after the head: (data, bytes read now)."""
-        data, received = self.feed(rest), 0
-        while not self.done and (chunk := await r.read(65536)):
-            data += self.feed(chunk)
-            received += len(chunk)
-        return data, received
+def json_post(path, host, body):
+    """A POST of a JSON body, as every client here sends it."""
+    fields = [("Content-Type", "application/json"), ("Content-Length", str(len(body))), ("Connection", "close")]
+    return http11.request_head("POST", path, host, fields) + body
 
 
 async def post(path, prompt, n, stop_after=None, host=None, port=None, seed=0, extra=None):
     """POST a prompt to /complete or /stream and time what comes back."""
-    r, w = await asyncio.open_connection(host or HOST, port or PORT)
+    host, port = host or HOST, port or PORT
+    r, w = await asyncio.open_connection(host, port)
     body = json.dumps({"prompt": prompt, "max_tokens": n, "seed": seed, **(extra or {})}).encode()
     t0 = time.perf_counter()
-    w.write(
-        b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
-        b"Connection: close\r\n\r\n" % (path.encode(), (host or HOST).encode(), len(body)) + body
-    )
+    w.write(json_post(path, host, body))
     try:
-        status, headers, rest, received = await read_head(r, w)
-        body = Body(headers)
+        reply = Reply(r)
+        head = await reply.head()
         if path != "/stream":
-            data, more = await body.read_all(r, rest)
-            received += more
+            data = await reply.body()
             end = time.perf_counter() - t0
             value = json.loads(data)
-            if status != 200:
-                raise ServerError(f"{status}: {value}")
-            return Result(end, end, received, [value["text"]], [end])
-        if status != 200:
-            raise ServerError(f"{status}: {rest.decode(errors='replace')}")
+            if head.status != 200:
+                raise ServerError(f"{head.status}: {value}")
+            return Result(end, end, reply.received, [value["text"]], [end])
+        if head.status != 200:
+            raise ServerError(f"{head.status}: {(await reply.body()).decode(errors='replace')}")
         parser, pieces, arrivals, first, done = sse.EventParser(), [], [], None, False
-        chunk = rest
-        while True:
-            for event in parser.feed(body.feed(chunk)):
+        async for data in reply.chunks():
+            for event in parser.feed(data):
                 if event.event == "error":
                     raise ServerError(f"error event: {event.data}")
                 if event.data == "[DONE]":
@@ -129,69 +138,59 @@ async def post(path, prompt, n, stop_after=None, host=None, port=None, seed=0, e
             if stop_after and len(pieces) >= stop_after:
                 w.close()  # leave, then give the server a moment to notice
                 await asyncio.sleep(LEAVE_PAUSE)
-                return Result(first, time.perf_counter() - t0, received, pieces, arrivals)
-            if body.done:
-                break
-            chunk = await r.read(65536)
-            if not chunk:
-                break
-            received += len(chunk)
+                return Result(first, time.perf_counter() - t0, reply.received, pieces, arrivals)
         if not done:
             raise ServerError("the stream ended without [DONE]: the connection dropped")
-        return Result(first, time.perf_counter() - t0, received, pieces, arrivals)
+        return Result(first, time.perf_counter() - t0, reply.received, pieces, arrivals)
     finally:
         w.close()
 
 
 async def websocket(prompt, n, stop_after=None, host=None, port=None, seed=0, extra=None):
-    """Stream over GET /ws; after `stop_after` pieces send {"stop": true} and read to the end."""
-    r, w = await asyncio.open_connection(host or HOST, port or PORT)
-    key = base64.b64encode(os.urandom(16)).decode()
+    """Stream over GET /ws; after `stop_after` pieces send {"stop": true} and read to the end.
+    The sans-I/O session masks every frame with a fresh key, answers pings and echoes the close."""
+    host, port = host or HOST, port or PORT
+    r, w = await asyncio.open_connection(host, port)
+    key = websocket_frames.new_key()
     t0 = time.perf_counter()
-    w.write(
-        (
-            f"GET /ws HTTP/1.1\r\nHost: {host or HOST}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-            f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
-        ).encode()
-    )
-    mask = ws.new_mask  # a fresh random key for every frame (RFC 6455 §5.3)
+    w.write(websocket_frames.client_handshake(host, key))
     try:
-        status, headers, rest, received = await read_head(r, w)
-        if status != 101 or headers.get("sec-websocket-accept") != ws.accept_key(key):
-            raise ServerError(f"the WebSocket handshake failed: {status}")
-        w.write(ws.text_frame(json.dumps({"prompt": prompt, "max_tokens": n, "seed": seed, **(extra or {})}), mask()))
-        parser = ws.Parser(mask_required=False)
-        parser.feed(rest)
-        pieces, arrivals, first, stopped, close_code = [], [], None, False, None
+        reply = Reply(r)
+        head = await reply.head()
+        if head.status != 101 or head.headers.get("sec-websocket-accept") != websocket_frames.accept_key(key):
+            raise ServerError(f"the WebSocket handshake failed: {head.status}")
+        await reply.body()  # a 101 has none: what follows it is the first frames
+        session = Session(client=True)
+        session.receive_data(reply.parser.trailing)
+        session.send_text(json.dumps({"prompt": prompt, "max_tokens": n, "seed": seed, **(extra or {})}))
+        received, pieces, arrivals, first, stopped = reply.received, [], [], None, False
         while True:
-            item = parser.next()
-            if item is None:
-                chunk = await r.read(65536)
-                if not chunk:
-                    break
+            event = session.next_event()
+            w.write(session.data_to_send())  # our request, a pong, {"stop"}, the echo of the close
+            if event is None:
+                chunk = await r.read(READ_SIZE)
                 received += len(chunk)
-                parser.feed(chunk)
-                continue
-            if isinstance(item, ws.Message):
-                value = json.loads(item.data)
+                if chunk:
+                    session.receive_data(chunk)
+                else:
+                    session.receive_eof()
+            elif isinstance(event, Closed):
+                break
+            elif isinstance(event, websocket_frames.Message):
+                value = json.loads(event.data)
                 if "text" in value:
                     now = time.perf_counter() - t0
                     first = first or now
                     pieces.append(value["text"])
                     arrivals.append(now)
                     if stop_after and len(pieces) >= stop_after and not stopped:
-                        w.write(ws.text_frame(json.dumps({"stop": True}), mask()))
+                        session.send_text(json.dumps({"stop": True}))
                         stopped = True
                 elif "error" in value:
                     raise ServerError(f"error message: {value['error']}")
-            elif item.opcode == ws.PING:
-                w.write(ws.serialize(ws.Frame(ws.PONG, item.data), mask()))
-            elif item.opcode == ws.CLOSE:
-                close_code, _ = ws.parse_close(item.data)
-                w.write(ws.serialize(ws.Frame(ws.CLOSE, item.data[:2]), mask()))  # echo the code
         end = time.perf_counter() - t0
-        if close_code not in (1000, None) or (close_code is None and not stopped):
-            raise ServerError(f"the WebSocket closed with {close_code}")
+        if event.code != 1000 and not (event.code == ABNORMAL and stopped):
+            raise ServerError(f"the WebSocket closed with {event.code}")
         return Result(first, end, received, pieces, arrivals)
     finally:
         w.close()
@@ -237,34 +236,28 @@ async def api_post(fmt, prompt, n, url, stream=True, api_key=None, model=None, s
     body = json.dumps(api_body(fmt, prompt, n, stream, seed, model, extra)).encode()
     key = api_key or os.environ.get(spec["env"], "unused")
     auth = f"Bearer {key}" if spec["key"] == "Authorization" else key
-    extra = "anthropic-version: 2023-06-01\r\n" if fmt == "anthropic" else ""
+    fields = [("Content-Type", "application/json"), (spec["key"], auth)]
+    fields += [("anthropic-version", "2023-06-01")] if fmt == "anthropic" else []
+    fields += [("Accept-Encoding", "identity"), ("Connection", "close"), ("Content-Length", str(len(body)))]
     t0 = time.perf_counter()
-    w.write(
-        (
-            f"POST {path} HTTP/1.1\r\nHost: {u.netloc}\r\nContent-Type: application/json\r\n{spec['key']}: {auth}\r\n"
-            f"{extra}Accept-Encoding: identity\r\nConnection: close\r\nContent-Length: {len(body)}\r\n\r\n"
-        ).encode()
-        + body
-    )
+    w.write(http11.request_head("POST", path, u.netloc, fields) + body)
     try:
-        status, headers, rest, received = await read_head(r, w)
-        body = Body(headers)
-        if status != 200 or not stream:
-            data, more = await body.read_all(r, rest)
-            received += more
-            if status != 200:
-                raise ServerError(f"{status}: {data[:500].decode(errors='replace')}")
+        reply = Reply(r)
+        head = await reply.head()
+        if head.status != 200 or not stream:
+            data = await reply.body()
+            if head.status != 200:
+                raise ServerError(f"{head.status}: {data[:500].decode(errors='replace')}")
             end = time.perf_counter() - t0
             value = json.loads(data)
             if fmt == "openai":
                 text = value["choices"][0]["message"]["content"]
             else:
                 text = "".join(b.get("text", "") for b in value["content"])
-            return Result(end, end, received, [text], [end])
+            return Result(end, end, reply.received, [text], [end])
         parser, pieces, arrivals, first = sse.EventParser(), [], [], None
-        chunk = rest
-        while True:
-            for event in parser.feed(body.feed(chunk)):
+        async for data in reply.chunks():
+            for event in parser.feed(data):
                 text = api_text(fmt, event)
                 if text:
                     now = time.perf_counter() - t0
@@ -275,19 +268,17 @@ async def api_post(fmt, prompt, n, url, stream=True, api_key=None, model=None, s
                 w.close()
                 await asyncio.sleep(LEAVE_PAUSE)
                 break
-            if body.done:
-                break
-            chunk = await r.read(65536)
-            if not chunk:
-                break
-            received += len(chunk)
-        return Result(first, time.perf_counter() - t0, received, pieces, arrivals)
+        return Result(first, time.perf_counter() - t0, reply.received, pieces, arrivals)
     finally:
         w.close()
 
 
-def prompts(k):
-    return [p["prompt"] for p in json.load(open(Path(__file__).with_name("prompts.json")))[:k]]
+PROMPTS_FILE = Path(__file__).with_name("prompts.json")
+
+
+def prompts(k=None):
+    """The first k prompts of prompts.json (all of them if k is None)."""
+    return [p["prompt"] for p in json.loads(PROMPTS_FILE.read_text())[:k]]
 
 
 async def measure_rows(texts, n, host=None, port=None, progress=None, fmt="ours", url=None, api_key=None):
@@ -317,10 +308,10 @@ def summarize(rows):
     width = max(10, *(len(name) for name in rows))
     lines, figures = [], {}
     for name, rs in rows.items():
-        first = sum(r[0] for r in rs) / k
-        total = sum(r[1] for r in rs) / k
-        received = sum(r[2] for r in rs)
-        chars = sum(len("".join(r[3]).encode()) for r in rs)
+        first = sum(r.first for r in rs) / k
+        total = sum(r.total for r in rs) / k
+        received = sum(r.received for r in rs)
+        chars = sum(len("".join(r.pieces).encode()) for r in rs)
         figures[name] = {
             "first_s": first,
             "total_s": total,
@@ -333,7 +324,7 @@ def summarize(rows):
             f"{received / k:6.0f} bytes on the wire per answer, for {chars / k:4.0f} bytes of text "
             f"({received / chars:.1f}x)"
         )
-    same = all(len({"".join(r[3]) for r in answers}) == 1 for answers in zip(*rows.values(), strict=True))
+    same = all(len({"".join(r.pieces) for r in answers}) == 1 for answers in zip(*rows.values(), strict=True))
     lines.append(f"the same text {'all three' if len(rows) == 3 else 'both'} ways: {same}")
     figures["same_text"] = same
     return lines, figures
@@ -341,12 +332,15 @@ def summarize(rows):
 
 async def get_json(path, host=None, port=None):
     """GET one of the server's JSON endpoints (/log, /metrics, /v1/models)."""
-    r, w = await asyncio.open_connection(host or HOST, port or PORT)
-    w.write(b"GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % path.encode())
-    _, headers, rest, _ = await read_head(r, w)
-    data, _ = await Body(headers).read_all(r, rest)
-    w.close()
-    return json.loads(data)
+    host, port = host or HOST, port or PORT
+    r, w = await asyncio.open_connection(host, port)
+    w.write(http11.request_head("GET", path, host, [("Connection", "close")]))
+    try:
+        reply = Reply(r)
+        await reply.head()
+        return json.loads(await reply.body())
+    finally:
+        w.close()
 
 
 async def server_info(host=None, port=None):

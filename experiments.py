@@ -19,20 +19,17 @@ results/nginx.json. `page` saves a screenshot of the browser page mid-stream (re
 
 import argparse
 import asyncio
-import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import client
+from streaming.launch import Process, python
 
-ROOT = Path(__file__).resolve().parent
-PROMPT = json.load(open(ROOT / "prompts.json"))[0]["prompt"]  # the lighthouse paragraph
+PROMPT = client.prompts(1)[0]  # the lighthouse paragraph
 N = 100  # tokens asked for, as the article
 LEAVE_AFTER = 10  # pieces read before leaving or saying stop
 LOG_WAIT = 300  # seconds to wait for a request to appear in /log (a naive server finishing 100 tokens)
@@ -42,29 +39,29 @@ def say(message):
     print(f"[experiments] {message}", file=sys.stderr, flush=True)
 
 
-async def new_log_entry(port, before):
+async def new_log_entry(port, before, host=None):
     """The server's record of the request after the first `before` ones, once it has finished."""
     deadline = time.monotonic() + LOG_WAIT
     while time.monotonic() < deadline:
-        log = await client.get_json("/log", port=port)
+        log = await client.get_json("/log", host, port)
         if len(log) > before:
             return log[before]
         await asyncio.sleep(0.1)
     raise TimeoutError(f"the server on port {port} logged nothing within {LOG_WAIT} s")
 
 
-async def leave(port):
-    before = len(await client.get_json("/log", port=port))
-    await client.post("/stream", PROMPT, N, stop_after=LEAVE_AFTER, port=port)
-    path, generated, left = await new_log_entry(port, before)
+async def leave(port, host=None):
+    before = len(await client.get_json("/log", host, port))
+    await client.post("/stream", PROMPT, N, stop_after=LEAVE_AFTER, host=host, port=port)
+    path, generated, left = await new_log_entry(port, before, host)
     print(f"SSE client left after {LEAVE_AFTER} pieces: the server generated {generated} tokens in all", flush=True)
     return generated
 
 
-async def stop(port):
-    before = len(await client.get_json("/log", port=port))
-    await client.websocket(PROMPT, N, stop_after=LEAVE_AFTER, port=port)
-    path, generated, stopped = await new_log_entry(port, before)
+async def stop(port, host=None):
+    before = len(await client.get_json("/log", host, port))
+    await client.websocket(PROMPT, N, stop_after=LEAVE_AFTER, host=host, port=port)
+    path, generated, stopped = await new_log_entry(port, before, host)
     print(
         f"WebSocket client said stop after {LEAVE_AFTER} pieces: the server generated {generated} tokens in all",
         flush=True,
@@ -72,8 +69,8 @@ async def stop(port):
     return generated
 
 
-async def proxy(port):
-    r = await client.post("/stream", PROMPT, N, port=port)
+async def proxy(port, host=None):
+    r = await client.post("/stream", PROMPT, N, host=host, port=port)
     first, total, received, pieces = r
     print(
         f"through the proxy: first text after {first:.2f} s, the end after {total:.2f} s, "
@@ -93,7 +90,7 @@ QUIET_TOKENS = 20  # nginx case (d): a short answer after the silence
 async def through_nginx(server, quiet, pinging):
     """The five nginx cases; `server` is a plain server's port, `quiet` and `pinging` servers that
     stay silent QUIET_S s before the first token, without and with keep-alive pings every second."""
-    from nginxctl import Nginx
+    from streaming.nginxctl import Nginx
 
     r, c = {}, []
     with Nginx(server) as n:
@@ -151,21 +148,21 @@ async def through_nginx(server, quiet, pinging):
 
 
 def nginx_(args):
-    import nginxctl
+    from streaming import nginxctl
 
     if not nginxctl.available():
         print("nginx is not installed: skipping the nginx experiments (apt-get install nginx)", flush=True)
         return None
     children = []
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     try:
         model_args = ["--model", args.model] + (["--dtype", args.dtype] if args.dtype else [])
         quiet = ["--first-delay", str(QUIET_S)]
         say(f"starting the server and two that stay quiet {QUIET_S:g} s before the first token (model {args.model})")
         children = [
-            Child("server", ["server.py", "--port", str(args.port), *model_args]),
-            Child("quiet server", ["server.py", "--port", "0", "--ping", "60", *quiet, *model_args]),
-            Child("pinging server", ["server.py", "--port", "0", "--ping", "1", *quiet, *model_args]),
+            Process("server", python("server.py", "--port", str(args.port), *model_args)),
+            Process("quiet server", python("server.py", "--port", "0", "--ping", "60", *quiet, *model_args)),
+            Process("pinging server", python("server.py", "--port", "0", "--ping", "1", *quiet, *model_args)),
         ]
         ports = [child.wait().port for child in children]
         info = asyncio.run(client.server_info(port=ports[0]))
@@ -195,7 +192,7 @@ def page_(args):
     if not os.path.exists(chromium):
         print("chromium is not installed: no page.png (apt-get install chromium)", flush=True)
         return None
-    server = Child("server", ["server.py", "--port", str(args.port), "--model", args.model])
+    server = Process("server", python("server.py", "--port", str(args.port), "--model", args.model))
     try:
         server.wait()
         with sync_playwright() as p:
@@ -221,45 +218,7 @@ def page_(args):
     return str(out)
 
 
-# --- `all`: children on free ports ------------------------------------------------------------
-
-
-class Child:
-    """A child process that prints `... listening on http://HOST:PORT` when it is ready."""
-
-    def __init__(self, name, argv):
-        self.name = name
-        self.proc = subprocess.Popen(
-            [sys.executable, *argv],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=dict(os.environ, PYTHONUNBUFFERED="1"),
-        )
-        self.lines, self.port, self.ready = [], None, threading.Event()
-        threading.Thread(target=self.read, daemon=True).start()
-
-    def read(self):
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-            if "listening on http://" in line and self.port is None:
-                self.port = int(line.split("listening on http://")[1].split(":")[1].split()[0].rstrip(","))
-                self.ready.set()
-        self.ready.set()
-
-    def wait(self, timeout=900):
-        if not self.ready.wait(timeout) or self.port is None:
-            raise RuntimeError(f"{self.name} did not start (exit {self.proc.poll()}):\n" + "\n".join(self.lines))
-        return self
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+# --- `all`: children on free ports (streaming.launch) ------------------------------------------
 
 
 def timing(r):
@@ -271,7 +230,7 @@ def check(conclusions, name, holds, detail):
     conclusions.append({"conclusion": name, "holds": bool(holds), "detail": detail})
 
 
-async def run_all(ports, model, prompts, measure_tokens):
+async def run_all(ports, prompts, measure_tokens):
     server, naive, buffering, honoring = ports
     info = await client.server_info(port=server)
     results = {"prompt": PROMPT, "max_tokens": N, **info}
@@ -367,29 +326,29 @@ def plot_timeline(timeline, info, path):
 def all_(args):
     children = []
 
-    def on_signal(signum, frame):
+    def on_signal(signum, _frame):
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_signal)
     try:
         model_args = ["--model", args.model] + (["--dtype", args.dtype] if args.dtype else [])
         say(f"starting the server and the --naive server (model {args.model})")
-        server = Child("server", ["server.py", "--port", str(args.port), *model_args])
-        naive = Child("naive server", ["server.py", "--naive", "--port", str(args.naive_port), *model_args])
+        server = Process("server", python("server.py", "--port", str(args.port), *model_args))
+        naive = Process("naive server", python("server.py", "--naive", "--port", str(args.naive_port), *model_args))
         children += [server, naive]
         server.wait()
         naive.wait()
         up = ["--upstream-port", str(server.port)]
-        buffering = Child("buffering proxy", ["proxy.py", "--port", str(args.proxy_port), *up])
-        honoring = Child("honoring proxy", ["proxy.py", "--honor", "--port", str(args.honor_port), *up])
+        buffering = Process("buffering proxy", python("proxy.py", "--port", str(args.proxy_port), *up))
+        honoring = Process("honoring proxy", python("proxy.py", "--honor", "--port", str(args.honor_port), *up))
         children += [buffering, honoring]
         buffering.wait()
         honoring.wait()
         say(f"server :{server.port}, naive :{naive.port}, proxy :{buffering.port}, --honor proxy :{honoring.port}")
         ports = (server.port, naive.port, buffering.port, honoring.port)
-        results = asyncio.run(run_all(ports, args.model, args.prompts, args.max_tokens))
+        results = asyncio.run(run_all(ports, args.prompts, args.max_tokens))
         say("event_bytes.py --live: the bytes of each wire format, one event and a whole answer")
-        import event_bytes
+        from scripts import event_bytes
 
         results["event_bytes"] = event_bytes.live(server.port, args.max_tokens)
         client.save(Path(args.results) / "event_bytes.json", results["event_bytes"])
@@ -417,19 +376,17 @@ def main(argv=None):
     p.add_argument("--max-tokens", type=int, default=100, help="`all`: tokens per answer in the measure table")
     p.add_argument("--results", default="results", help="`all`: folder for experiments.json and timeline.png")
     args = p.parse_args(argv)
-    client.HOST = args.host
     if args.experiment in ("all", "nginx", "page"):
         args.port = args.port or 0
         args.proxy_port = args.proxy_port or 0
         return {"all": all_, "nginx": nginx_, "page": page_}[args.experiment](args)
     port = args.port or 8765
     if args.experiment == "leave":
-        asyncio.run(leave(port))
+        asyncio.run(leave(port, args.host))
     elif args.experiment == "stop":
-        asyncio.run(stop(port))
+        asyncio.run(stop(port, args.host))
     else:
-        client.PORT = args.proxy_port or 8766
-        asyncio.run(proxy(client.PORT))
+        asyncio.run(proxy(args.proxy_port or 8766, args.host))  # the article's proxy port
 
 
 if __name__ == "__main__":

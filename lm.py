@@ -11,6 +11,9 @@ the article. Which model is one setting: `--model` in every program that loads o
   safetensors folder; every later load reads that folder (a few seconds).
 - `tiny`: two layers of seeded random weights in the Qwen2 architecture over the real bundled
   tokenizer. Same code path, fast: for tests and load experiments. Its text is gibberish.
+- `exact`: not a language model but a stand-in whose logits are an exact function of a row's
+  own tokens (small integers, the same bits in every dtype and any batch), over the same
+  tokenizer: for the tests of batching plumbing, where equal texts must mean equal work.
 - a hub id or a local folder (`Qwen/Qwen2.5-1.5B-Instruct`, where a hub is reachable), or a
   path to a `.gguf` file.
 
@@ -18,6 +21,7 @@ Leaves out: quantized inference (the GGUF is de-quantized), multi-device placeme
 (one sequence per call of `tokens()`).
 """
 
+import functools
 import hashlib
 import importlib.util
 import inspect
@@ -32,6 +36,7 @@ from pathlib import Path
 import torch
 
 from decoding import choose
+from streaming.wire.params import GenerationParams
 
 # --- settings -------------------------------------------------------------------------------
 
@@ -43,7 +48,7 @@ BUNDLED_NAME = "qwen2.5-coder-0.5b-instruct-q4_k_m"
 # Where the assembled GGUF and the converted folder live (about 2.5 GB in all).
 CACHE = Path(os.environ.get("LM_CACHE", Path.home() / ".cache" / "streaming-tokens"))
 DTYPES = ("bfloat16", "float16", "float32")
-NAMED = ("bundled", "tiny")  # the names that are not a hub id, folder or .gguf path
+NAMED = ("bundled", "tiny", "exact")  # the names that are not a hub id, folder or .gguf path
 
 _setting = {
     "model": os.environ.get("LM_MODEL", "bundled"),
@@ -52,7 +57,7 @@ _setting = {
     "quantize": os.environ.get("LM_QUANTIZE", "none"),
 }
 QUANTIZE = ("none", "int8")
-_loaded = {}  # "tok" and "model", filled once
+_loaded: dict = {}  # "tok" and "model", filled once
 
 
 def log(message):
@@ -128,7 +133,7 @@ DEVICE = device_name()
 def cpu_has_bf16():
     """Whether this CPU computes bfloat16 natively (AVX-512 BF16 or AMX; Apple M2 and later).
 
-    Where it does, bf16 is 3x float32 (NOTES: 46 ms against 133 ms a decode step). Where it
+    Where it does, bf16 is 3x float32 (measured on an AVX-512 BF16 EPYC: 46 ms against 133 ms a decode step). Where it
     doesn't, torch emulates it: on this project's AVX2-only Zen 1 a decode step is faster in bf16
     (127 ms against 173 ms, less memory to read) but a 31-token prefill is 2.2x slower (2.8 s
     against 1.3 s), and the prefill is the wait the reader feels first. So float32 there.
@@ -155,7 +160,7 @@ def check_model_name(name):
     if name in NAMED or name.endswith(".gguf") or Path(name).is_dir() or name.count("/") == 1:
         return
     raise ModelError(
-        f"unknown model {name!r}: choose bundled (the default), tiny, a hub id such as "
+        f"unknown model {name!r}: choose bundled (the default), tiny, exact, a hub id such as "
         "Qwen/Qwen2.5-1.5B-Instruct, a model folder, or a path to a .gguf file"
     )
 
@@ -315,6 +320,45 @@ def tiny_model(tokenizer):
     return m
 
 
+class ExactModel(torch.nn.Module):
+    """`exact`: the next token's logits are a function of the row's tokens so far (their sum and
+    count), with four candidates at 4, 3, 2 and 1 and the rest at -inf: small integers, exact in
+    every dtype, and a row's logits never depend on the other rows of a batch. It keeps a real KV
+    cache (one layer; the keys carry the token ids, padding is zeros and masked), so the batched
+    engine's joins, padding and compaction run as with a real model."""
+
+    FIRST, SPAN = 1000, 30000  # candidates among ordinary tokens, which decode to text
+
+    def __init__(self, tokenizer):
+        super().__init__()
+        from transformers import Qwen2Config
+
+        self.config = Qwen2Config(
+            vocab_size=len(tokenizer),
+            hidden_size=8,
+            intermediate_size=8,
+            num_hidden_layers=1,
+            num_attention_heads=1,
+            num_key_value_heads=1,
+            max_position_embeddings=32768,
+        )
+        self.anchor = torch.nn.Parameter(torch.zeros(1))  # for .to(dtype) and .dtype
+
+    def forward(self, input_ids, attention_mask=None, cache=None, past_key_values=None, **_):
+        cache = cache if cache is not None else past_key_values
+        b, n = input_ids.shape
+        keys = input_ids.to(torch.float32).view(b, 1, n, 1)  # ids < 2**24: exact in float32
+        keys, _ = cache.update(keys, torch.ones_like(keys), 0)
+        ids = keys.view(b, -1).to(torch.int64)
+        count = attention_mask.sum(-1) if attention_mask is not None else torch.full((b,), ids.shape[1])
+        h = (ids.sum(-1) * 1_000_003 + count * 7919) % 1_000_000_007
+        logits = torch.full((b, 1, self.config.vocab_size), float("-inf"), dtype=self.anchor.dtype)
+        for k, value in enumerate((4.0, 3.0, 2.0, 1.0)):
+            candidates = self.FIRST + (h * (k + 3) + k * 104_729) % self.SPAN
+            logits[torch.arange(b), 0, candidates] = value
+        return type("Output", (), {"logits": logits})()
+
+
 def model():
     """The loaded model, in eval mode on DEVICE with dtype(); loaded on the first call only."""
     if "model" in _loaded:
@@ -325,6 +369,8 @@ def model():
     check_model_name(name)
     if name == "tiny":
         m = tiny_model(load_tokenizer())
+    elif name == "exact":
+        m = ExactModel(load_tokenizer())
     elif name == "bundled":
         m = AutoModelForCausalLM.from_pretrained(str(ensure_bundled_model()), dtype=dtype())
     elif name.endswith(".gguf"):
@@ -383,41 +429,58 @@ def stop_ids():
 # --- generation: one sequence, one token at a time ------------------------------------------
 
 
-def _cache_kwarg(m):
-    """transformers 5 names the KV-cache argument `cache`; 4.x named it `past_key_values`."""
-    return "cache" if "cache" in inspect.signature(m.forward).parameters else "past_key_values"
+@functools.cache
+def _forward_parameters(cls):
+    return set(inspect.signature(cls.forward).parameters)
 
 
-def tokens(
-    prompt, max_tokens, *, seed=0, temperature=1.0, top_p=0.9, repetition_penalty=1.0, stop=None, ignore_eos=False
-):
+def forward_kwargs(m, cache):
+    """The keywords of a model call with this KV cache, by transformers version: the cache is
+    `cache` in transformers 5 and `past_key_values` in 4.x; and `logits_to_keep=1` where the model
+    takes it (a prefill then computes only the last position's logits: 25% less work)."""
+    names = _forward_parameters(type(m))
+    kw = {"cache" if "cache" in names else "past_key_values": cache}
+    if "logits_to_keep" in names:
+        kw["logits_to_keep"] = 1
+    return kw
+
+
+def tokens(prompt, params, *, stop=None, repetition_penalty=1.0, net=None, **settings):
     """Yield up to max_tokens sampled token ids for the prompt (a string or a list of ids).
 
-    The last id may be a stop id (EOS), after which nothing follows (unless ignore_eos, for
-    measurements that need exactly max_tokens). `stop` is a
-    threading.Event checked before every token, as in the article: a set flag ends generation
-    before the next forward pass. One prefill, then one forward pass per token with a KV cache.
+    `params` is a GenerationParams, or, as the article writes it, max_tokens alone with the
+    others as keywords (`tokens(prompt, 100, seed=0, temperature=0)`). The last id may be a stop
+    id (EOS), after which nothing follows (unless ignore_eos, for measurements that need exactly
+    max_tokens). `stop` is a threading.Event checked before every token, as in the article: a set
+    flag ends generation before the next forward pass. One prefill, then one forward pass per
+    token with a KV cache. `net`: a model other than the process's `model()` (tests).
     """
     from transformers import DynamicCache
 
-    m = model()
+    if not isinstance(params, GenerationParams):
+        params = GenerationParams(max_tokens=params, **settings)
+    m = net if net is not None else model()
     ids = prompt if isinstance(prompt, list) else tok(prompt).input_ids
     ends = stop_ids()
-    g = torch.Generator(device=DEVICE).manual_seed(seed)
-    cache = DynamicCache(config=m.config)
-    kw = {_cache_kwarg(m): cache}
-    if "logits_to_keep" in inspect.signature(m.forward).parameters:
-        kw["logits_to_keep"] = 1  # the prefill needs only the last position's logits (25% less work)
+    g = torch.Generator(device=DEVICE).manual_seed(params.seed)
+    kw = forward_kwargs(m, DynamicCache(config=m.config))
     history = []
     with torch.inference_mode():
         x = torch.tensor([ids], device=DEVICE)
-        for _ in range(max_tokens):
+        for _ in range(params.max_tokens):
             if stop is not None and stop.is_set():
                 return
             logits = m(input_ids=x, use_cache=True, **kw).logits[0, -1]
-            token = choose(logits, history, g, p=top_p, temperature=temperature, repetition_penalty=repetition_penalty)
+            token = choose(
+                logits,
+                history,
+                g,
+                p=params.top_p,
+                temperature=params.temperature,
+                repetition_penalty=repetition_penalty,
+            )
             history.append(token)
             yield token
-            if token in ends and not ignore_eos:
+            if token in ends and not params.ignore_eos:
                 return
             x = torch.tensor([[token]], device=DEVICE)

@@ -4,73 +4,25 @@ The clients here are deliberately dumb (blocking sockets, read to end-of-file) s
 exactly what went over the wire; real third-party clients are used in test_interop.py.
 """
 
-import base64
 import json
-import os
-import signal
 import socket
-import subprocess
-import sys
-import threading
 import time
-from pathlib import Path
 
-import ws
-from sse import EventParser
+from streaming.launch import ROOT as ROOT
+from streaming.launch import Process, python
+from streaming.wire import websocket as ws
+from streaming.wire.http11 import END, ResponseReader
+from streaming.wire.session import ABNORMAL, Closed, Session
+from streaming.wire.sse import EventParser
 
-ROOT = Path(__file__).resolve().parent.parent
 
-
-class ServerProcess:
-    """`python server.py --port 0 ...` as a child; its stdout lines are collected in `lines`."""
+class ServerProcess(Process):
+    """`python server.py --port 0 ...` as a child; its output lines (stderr too) in `lines`."""
 
     def __init__(self, *args, model="tiny"):
-        env = dict(os.environ, PYTHONASYNCIODEBUG="1", PYTHONUNBUFFERED="1")
+        argv = python("server.py", "--model", model, "--port", "0", *args)
+        super().__init__("server", argv, env={"PYTHONASYNCIODEBUG": "1"}, stderr=True)
         self.args = args
-        self.proc = subprocess.Popen(
-            [sys.executable, "server.py", "--model", model, "--port", "0", *args],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        self.lines, self.port = [], None
-        self.ready = threading.Event()
-        self.reader = threading.Thread(target=self.read, daemon=True)
-        self.reader.start()
-
-    def read(self):
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-            if line.startswith("listening on http://"):
-                self.port = int(line.split(":")[2].split()[0])
-                self.ready.set()
-        self.ready.set()
-
-    def wait(self, timeout=600):
-        self.ready.wait(timeout)
-        if self.port is None:
-            raise RuntimeError("server did not start:\n" + "\n".join(self.lines))
-        return self
-
-    def stop(self, timeout=20):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.reader.join(5)
-        self.proc.stdout.close()
-        return self.proc.returncode
-
-    def wait_line(self, line, timeout=10):
-        deadline = time.monotonic() + timeout
-        while line not in self.lines and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return line in self.lines
 
 
 def connect(port, timeout=30):
@@ -92,14 +44,15 @@ def read_all(s):
 
 
 def split_response(raw):
-    head, _, body = raw.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    status = int(lines[0].split()[1])
-    headers = {}
-    for line in lines[1:]:
-        k, _, v = line.partition(":")
-        headers[k.strip().lower()] = v.strip()
-    return status, headers, body
+    """(status, headers, body) of a whole response as received, through the project's
+    ResponseReader (a stream's body ends with the connection)."""
+    reader = ResponseReader()
+    reader.feed(raw)
+    reader.feed_eof()
+    head, body = reader.next_event(), b""
+    while (event := reader.next_event()) is not END:
+        body += event
+    return head.status, head.headers, body + reader.trailing
 
 
 def raw_request(port, data, timeout=30):
@@ -159,29 +112,27 @@ def wait_idle(port, timeout=30):
 
 
 class WSClient:
-    """A raw WebSocket client: masks its frames, hands back what the server sent."""
+    """A raw WebSocket client over the project's sans-I/O Session (masks its frames, answers
+    pings, echoes the close); `send_frame` and `send_raw` put any bytes on the wire."""
 
     def __init__(self, port, extra_headers=(), timeout=30):
         self.sock = connect(port, timeout)
-        key = base64.b64encode(os.urandom(16)).decode()
-        head = (
-            f"GET /ws HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-            f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
-        )
-        head += "".join(f"{k}: {v}\r\n" for k, v in extra_headers)
-        self.sock.sendall(head.encode() + b"\r\n")
-        buf = b""
-        while b"\r\n\r\n" not in buf:
+        key = ws.new_key()
+        self.sock.sendall(ws.client_handshake(f"127.0.0.1:{port}", key, headers=extra_headers))
+        reader = ResponseReader()
+        while (head := reader.next_event()) is None:
             data = self.sock.recv(65536)
-            if not data:
-                break
-            buf += data
-        head, _, rest = buf.partition(b"\r\n\r\n")
-        self.status = int(head.split()[1]) if head else None
-        self.head = head
-        self.parser = ws.Parser(mask_required=False)
-        self.parser.feed(rest)
-        assert self.status != 101 or ws.accept_key(key).encode() in head
+            if data:
+                reader.feed(data)
+            else:
+                reader.feed_eof()
+        self.status, self.headers = head.status, head.headers
+        self.session = Session(client=True)
+        self.answer = True  # send what the session has to send (pongs, the echo of a close)
+        if self.status == 101:
+            assert head.headers.get("sec-websocket-accept") == ws.accept_key(key)
+            reader.next_event()  # a 101 has no body: what follows it is the first frames
+            self.session.receive_data(reader.trailing)
 
     def send_frame(self, frame, mask=b"\x01\x02\x03\x04"):
         self.sock.sendall(ws.serialize(frame, mask))
@@ -190,34 +141,47 @@ class WSClient:
         self.sock.sendall(data)
 
     def send_json(self, value):
-        self.send_frame(ws.Frame(ws.TEXT, json.dumps(value).encode()))
+        self.session.send_text(json.dumps(value))
+        self.sock.sendall(self.session.data_to_send())
+
+    def send_close(self, code=1000):
+        self.session.close(code)
+        self.sock.sendall(self.session.data_to_send())
 
     def next(self):
-        """The next Message or control Frame; None at end-of-file."""
-        while (item := self.parser.next()) is None:
+        """The next Message, ping or pong Frame, or Closed; None after it, at end-of-file."""
+        while (item := self.session.next_event()) is None:
+            if self.session.closed is not None:
+                data = self.recv()
+                return None if not data else self.next()
+            data = self.recv()
+            if data:
+                self.session.receive_data(data)
+            else:
+                self.session.receive_eof()
+        if self.answer and (out := self.session.data_to_send()):
             try:
-                data = self.sock.recv(65536)
-            except ConnectionResetError:
-                data = b""
-            if not data:
-                return None
-            self.parser.feed(data)
+                self.sock.sendall(out)
+            except OSError:
+                pass
         return item
 
+    def recv(self):
+        try:
+            return self.sock.recv(65536)
+        except ConnectionResetError:
+            return b""
+
     def until_close(self, answer=True):
-        """Messages (decoded JSON) until the server's close frame; returns (messages, close code)."""
+        """Messages (decoded JSON) until the server's close frame; returns (messages, close code),
+        the code None if the connection ended without one."""
+        self.answer = answer
         messages = []
         while (item := self.next()) is not None:
             if isinstance(item, ws.Message):
                 messages.append(json.loads(item.data))
-            elif item.opcode == ws.CLOSE:
-                code, _ = ws.parse_close(item.data)
-                if answer:
-                    try:
-                        self.send_frame(ws.Frame(ws.CLOSE, item.data[:2]))
-                    except OSError:
-                        pass
-                return messages, code
+            elif isinstance(item, Closed):
+                return messages, None if item.code == ABNORMAL else item.code
         return messages, None
 
     def close(self):

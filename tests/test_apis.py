@@ -8,7 +8,7 @@ import openai
 import pytest
 from helpers import server_log, wait_for_log
 
-from apis import StopMatcher
+from streaming.wire.stops import StopMatcher
 
 MESSAGES = [{"role": "user", "content": "Tell me about lighthouses."}]
 
@@ -273,8 +273,8 @@ def run(*args):
     return out.stdout
 
 
-def test_event_bytes_live_against_a_running_server(servers, tmp_path):
-    out = run("event_bytes.py", "--live", "--port", str(servers["plain"].port), "--max-tokens", "20")
+def test_event_bytes_live_against_a_running_server(servers):
+    out = run("scripts/event_bytes.py", "--live", "--port", str(servers["plain"].port), "--max-tokens", "20")
     lines = out.splitlines()
     assert "  SSE event (/stream)             article   23 bytes, ours   23.0 bytes" in lines
     assert "  WebSocket frame (/ws)           article   17 bytes, ours   17.0 bytes" in lines

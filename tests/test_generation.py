@@ -2,13 +2,16 @@
 
 import asyncio
 
-from generation import Job, encode_prompt, parse_params
+from streaming.generation.job import Settings
+from streaming.generation.prompts import encode_prompt
+from streaming.generation.thread import ThreadJob
+from streaming.wire.params import plain_request
 
 
 def test_a_bounded_queue_makes_the_generator_wait_for_the_reader():
     async def main():
-        params = parse_params({"prompt": "Hello", "max_tokens": 200})
-        job = Job(encode_prompt(params), params, queue_size=3).start()
+        prompt, params = plain_request({"prompt": "Hello", "max_tokens": 200})
+        job = ThreadJob(encode_prompt(prompt, params), params, Settings(queue_size=3)).start()
         await asyncio.sleep(1.0)  # nobody reads
         waiting = job.out.qsize()
         assert not job.done.done() and waiting <= 3
@@ -23,8 +26,8 @@ def test_a_bounded_queue_makes_the_generator_wait_for_the_reader():
 
 def test_an_unbounded_queue_runs_ahead_of_the_reader():
     async def main():
-        params = parse_params({"prompt": "Hello", "max_tokens": 30})
-        job = Job(encode_prompt(params), params).start()
+        prompt, params = plain_request({"prompt": "Hello", "max_tokens": 30})
+        job = ThreadJob(encode_prompt(prompt, params), params).start()
         produced = await asyncio.wait_for(job.done, 30)
         return produced, job.out.qsize()
 

@@ -2,13 +2,13 @@
 
 import pytest
 
-from http11 import (
+from streaming.wire.errors import ProtocolError, error_body
+from streaming.wire.http11 import (
     MAX_BODY,
     MAX_HEAD,
     ChunkedDecoder,
-    ProtocolError,
     RequestParser,
-    error_response,
+    json_response,
     parse_head,
     response,
 )
@@ -116,7 +116,8 @@ def test_responses_close_and_errors_are_json():
     assert response(200, b"{}").startswith(
         b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n"
     )
-    out = error_response(ProtocolError("no", 405, headers=[("Allow", "GET")]))
+    err = ProtocolError("no", 405, headers=[("Allow", "GET")])
+    out = json_response(err.status, error_body(err), err.headers)  # what Connection.fail writes
     head, body = out.split(b"\r\n\r\n")
     assert b"405 Method Not Allowed" in head and b"Allow: GET" in head and b"Connection: close" in head
     assert body == b'{"error": {"status": 405, "type": "method_not_allowed", "message": "no"}}'

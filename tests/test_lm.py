@@ -76,7 +76,7 @@ def run_script(*args):
 
 
 def test_split_chars_prints_the_articles_output():
-    out = run_script("split_chars.py").splitlines()
+    out = run_script("scripts/split_chars.py").splitlines()
     assert out[0] == "20 tokens; decoded one by one:"
     assert out[1].count("|") == 19 and out[1].count("\ufffd") == 6
     assert (
@@ -87,7 +87,7 @@ def test_split_chars_prints_the_articles_output():
 
 
 def test_event_bytes_prints_the_articles_four_lines():
-    out = run_script("event_bytes.py").splitlines()
+    out = run_script("scripts/event_bytes.py").splitlines()
     assert [line.split()[-7] for line in out] == ["23", "118", "257", "17"]
 
 

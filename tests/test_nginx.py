@@ -8,7 +8,7 @@ import sys
 import pytest
 from helpers import ROOT
 
-import nginxctl
+from streaming import nginxctl
 
 REQUIRED = os.environ.get("REQUIRE_NGINX") == "1"  # .ci/run: a missing nginx is a failure, not a skip
 

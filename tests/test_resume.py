@@ -6,7 +6,7 @@ import time
 import pytest
 from helpers import connect, events, http, metrics, raw_request, read_all, server_log, split_response, wait_for_log
 
-from resume import Store, parse_event_id
+from streaming.server.streams import Store, parse_event_id
 
 PROMPT = "The lighthouse keeper wrote in his log"
 QUERY = "/stream?prompt=The%20lighthouse%20keeper%20wrote%20in%20his%20log&max_tokens=40&seed=3&ignore_eos=true"

@@ -2,7 +2,7 @@
 
 import pytest
 
-from sse import Event, EventParser, comment, event
+from streaming.wire.sse import Event, EventParser, comment, event
 
 
 def parse(data, step=None):

@@ -2,8 +2,9 @@
 
 import pytest
 
-import ws
-from http11 import ProtocolError, parse_head
+from streaming.wire import websocket as ws
+from streaming.wire.errors import ProtocolError
+from streaming.wire.http11 import parse_head
 
 MASK = bytes([0x37, 0xFA, 0x21, 0x3D])  # the masking key of RFC 6455 §5.7's examples
 

@@ -22,16 +22,13 @@ import asyncio
 import json
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import client
-from experiments import Child
+from streaming.launch import ROOT, Process, free_port, python
 
-ROOT = Path(__file__).resolve().parent
 NS = [1, 4, 16, 32, 48, 64]  # concurrent readers
 TOKENS = 100  # tokens per answer, as the article's experiments
 GAP_LIMIT = 0.180  # s between pieces: past it a reader at 5.5 tokens/s catches up with the text
@@ -41,7 +38,7 @@ JOIN_TOKENS = 2000  # the long prompt that joins 16 running streams
 JOIN_READ = 60  # tokens each of those 16 readers asks for: enough to span the join on a slow CPU
 LEAVE_TOKENS = 40  # tokens each of the 32 readers of the leave measurement asks for
 FREE_EVENTS = 4000  # events a request in the per-event cost measurement (max_tokens allows 4096)
-PROMPTS = [p["prompt"] for p in json.load(open(ROOT / "prompts.json"))]
+PROMPTS = client.prompts()
 
 
 def pct(values, q):
@@ -52,42 +49,22 @@ def pct(values, q):
     return s[min(len(s) - 1, max(0, int(round(q / 100 * len(s) + 0.5)) - 1))]
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def answers(port):
+    """Whether an OpenAI-compatible server on `port` answers GET /v1/models."""
+    try:
+        asyncio.run(client.get_json("/v1/models", port=port))
+        return True
+    except (OSError, ValueError, client.ServerError):
+        return False
 
 
-def wait_http(port, timeout=900, proc=None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"the server on {port} exited with {proc.returncode}")
-        try:
-            asyncio.run(client.get_json("/v1/models", port=port))
-            return
-        except (OSError, ValueError, client.ServerError):
-            time.sleep(0.5)
-    raise TimeoutError(f"nothing answered on {port}")
-
-
-class Peer:
-    """`transformers serve --continuous-batching` as a child, on a model folder."""
-
-    def __init__(self, folder, dtype, device="cpu"):
-        self.port = free_port()
-        exe = shutil.which("transformers") or str(Path(sys.executable).parent / "transformers")
-        argv = [exe, "serve", str(folder), "--continuous-batching", "--dtype", dtype, "--device", device]
-        argv += ["--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_http(self.port, proc=self.proc)
-
-    def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+def start_peer(folder, dtype, device="cpu"):
+    """`transformers serve --continuous-batching` as a child, on a model folder, once it answers."""
+    port = free_port()
+    exe = shutil.which("transformers") or str(Path(sys.executable).parent / "transformers")
+    argv = [exe, "serve", str(folder), "--continuous-batching", "--dtype", dtype, "--device", device]
+    argv += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+    return Process("transformers serve", argv, port=port, quiet=True).wait(check=answers)
 
 
 async def readers(port, n, tokens=TOKENS, offset=0, leave_after=None, ours=True, model=None):
@@ -256,7 +233,7 @@ def cpu_seconds(pid):
 def event_cost(model):
     """Server CPU time per event: ours (--engine free) and uvicorn + Starlette, same events."""
     out = {}
-    ours = Child("free server", ["server.py", "--port", "0", "--engine", "free", "--model", model])
+    ours = Process("free server", python("server.py", "--port", "0", "--engine", "free", "--model", model))
     try:
         ours.wait()
         out["this server"] = cost_of(ours.port, ours.proc.pid)
@@ -266,20 +243,13 @@ def event_cost(model):
     app.parent.mkdir(exist_ok=True)
     app.write_text(STARLETTE_APP)
     port = free_port()
-    exe = [sys.executable, "-m", "uvicorn", "_starlette_app:app", "--port", str(port), "--log-level", "warning"]
-    proc = subprocess.Popen(exe, cwd=app.parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    exe = [sys.executable, "-m", "uvicorn", "--app-dir", str(app.parent), "_starlette_app:app"]
+    uvicorn = Process("uvicorn", [*exe, "--port", str(port), "--log-level", "warning"], port=port, quiet=True)
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.2)
-        out["uvicorn + Starlette"] = cost_of(port, proc.pid)
+        uvicorn.wait(60)
+        out["uvicorn + Starlette"] = cost_of(port, uvicorn.proc.pid)
     finally:
-        proc.terminate()
-        proc.wait(10)
+        uvicorn.stop(10)
         app.unlink()
     return out
 
@@ -327,7 +297,6 @@ def load(args):
     ns = [int(n) for n in args.ns.split(",")]
     lm.configure(model=args.model)
     args.dtype = args.dtype or str(lm.dtype()).removeprefix("torch.")
-    common = ["--model", args.model, "--dtype", args.dtype, "--port", "0"]
     out = {"tokens": TOKENS, "gap_limit_s": GAP_LIMIT, "ttft_limit_s": TTFT_LIMIT, "servers": {}, "join": {}}
     saved = Path(args.results) / "load.json"
     if args.merge and saved.exists():  # add rows (more N, or another server) to an earlier run
@@ -335,65 +304,82 @@ def load(args):
         for r in out["servers"].values():
             r["rows"] = {int(n): f for n, f in r["rows"].items()}
     prompt = long_prompt()
-    engines = [e for e in args.engines.split(",") if e]
-    for engine in engines:
-        child = Child(f"--engine {engine}", ["server.py", *common, "--engine", engine])
-        try:
-            child.wait()
-            info = metrics(child.port)
-            out.update(model=info.get("model"), device=info.get("device"), dtype=info.get("dtype"))
-            name = f"this server, --engine {engine}"
-            merge(out, name, sweep(name, child.port, ns, cutoff=args.cutoff, on_row=keep(out, name, saved)))
-            if engine == "batched" and args.extras:  # (16 threads of the thread engine: many minutes here)
-                print(f"  a {JOIN_TOKENS}-token prompt joins 16 streams:", end=" ", flush=True)
-                j = out["join"][engine] = join(child.port, prompt)
-                print(
-                    f"the largest gap they saw {1000 * j['largest_gap_s']:.0f} ms; "
-                    f"its first text after {j['joined_ttft_s']:.1f} s",
-                    flush=True,
-                )
-                lv = out["leave"] = leave(child.port)
-                print(
-                    f"  16 of 32 readers leave after 10 pieces: {lv['tokens_after_stop']} tokens generated after they left ({lv['per_reader']:.2f} a reader)",
-                    flush=True,
-                )
-        finally:
-            child.stop()
-        client.save(Path(args.results) / "load.json", out)  # so far, in case a later part fails
+    for engine in [e for e in args.engines.split(",") if e]:
+        this_server(args, engine, ns, prompt, out, saved)
+        client.save(saved, out)  # so far, in case a later part fails
     if args.peer:
         folder = args.peer_folder or (lm.bundled_folder() if args.model == "bundled" else args.model)
-        name = "transformers serve --continuous-batching"
-        try:
-            peer = Peer(folder, args.dtype)
-        except (RuntimeError, TimeoutError, FileNotFoundError) as e:
-            print(f"\n{name}: could not start ({e})", flush=True)
-        else:
-            try:
-                model = str(folder)  # it serves only the model it was started with, by that name
-                rows = sweep(
-                    name, peer.port, ns, ours=False, cutoff=args.cutoff, model=model, on_row=keep(out, name, saved)
-                )
-                merge(out, name, rows)
-                if args.extras:
-                    print(f"  a {JOIN_TOKENS}-token prompt joins 16 streams:", end=" ", flush=True)
-                    j = out["join"]["peer"] = join(peer.port, prompt, ours=False, model=model)
-                    print(f"the largest gap they saw {1000 * j['largest_gap_s']:.0f} ms", flush=True)
-            finally:
-                peer.stop()
+        the_peer(args, folder, ns, prompt, out, saved)
     if args.extras:
         print("\nserver's own CPU time per event, a generator that costs nothing:", flush=True)
         out["event_cost"] = event_cost(args.model)
     for name, c in out.get("event_cost", {}).items():
         print(f"  {name:22s} {c['cpu_us_per_event']:6.1f} µs CPU a event ({c['events']} events)", flush=True)
+    compare(out)
+    client.save(saved, out)
+    picture = plot(out, Path(args.results) / "load.png")
+    print(f"saved {saved}" + (f" and {picture}" if picture else ""), flush=True)
+    return out
+
+
+def this_server(args, engine, ns, prompt, out, saved):
+    """This server with one engine: the sweep, and for the batched engine the join and leave."""
+    common = ["--model", args.model, "--dtype", args.dtype, "--port", "0"]
+    child = Process(f"--engine {engine}", python("server.py", *common, "--engine", engine))
+    try:
+        child.wait()
+        info = metrics(child.port)
+        out.update(model=info.get("model"), device=info.get("device"), dtype=info.get("dtype"))
+        name = f"this server, --engine {engine}"
+        merge(out, name, sweep(name, child.port, ns, cutoff=args.cutoff, on_row=keep(out, name, saved)))
+        if engine == "batched" and args.extras:  # (16 threads of the thread engine: many minutes here)
+            print(f"  a {JOIN_TOKENS}-token prompt joins 16 streams:", end=" ", flush=True)
+            j = out["join"][engine] = join(child.port, prompt)
+            print(
+                f"the largest gap they saw {1000 * j['largest_gap_s']:.0f} ms; "
+                f"its first text after {j['joined_ttft_s']:.1f} s",
+                flush=True,
+            )
+            lv = out["leave"] = leave(child.port)
+            print(
+                f"  16 of 32 readers leave after 10 pieces: {lv['tokens_after_stop']} tokens generated after they left ({lv['per_reader']:.2f} a reader)",
+                flush=True,
+            )
+    finally:
+        child.stop()
+
+
+def the_peer(args, folder, ns, prompt, out, saved):
+    """`transformers serve --continuous-batching`: the sweep and the join."""
+    name = "transformers serve --continuous-batching"
+    try:
+        peer = start_peer(folder, args.dtype)
+    except (RuntimeError, TimeoutError, FileNotFoundError) as e:
+        print(f"\n{name}: could not start ({e})", flush=True)
+        return
+    try:
+        model = str(folder)  # it serves only the model it was started with, by that name
+        rows = sweep(name, peer.port, ns, ours=False, cutoff=args.cutoff, model=model, on_row=keep(out, name, saved))
+        merge(out, name, rows)
+        if args.extras:
+            print(f"  a {JOIN_TOKENS}-token prompt joins 16 streams:", end=" ", flush=True)
+            j = out["join"]["peer"] = join(peer.port, prompt, ours=False, model=model)
+            print(f"the largest gap they saw {1000 * j['largest_gap_s']:.0f} ms", flush=True)
+    finally:
+        peer.stop()
+
+
+def compare(out):
+    """The headline, side by side: readers at reading speed, and the batched engine's ratios."""
     heads = {name: r["readers_at_reading_speed"] for name, r in out["servers"].items()}
     print("\nreaders served at reading speed:", ", ".join(f"{k}: {v}" for k, v in heads.items()), flush=True)
     mine = "this server, --engine batched"
-    ours = heads.get(mine, 0)
+    mine_n = heads.get(mine, 0)
     for other, v in heads.items():
         if other == mine or mine not in out["servers"]:
             continue
-        out.setdefault("ratios", {})[other] = ours / v if v else None
-        line = f"  batched / {other}: readers " + (f"{ours / v:.2f}x" if v else f"{ours} against {v}")
+        out.setdefault("ratios", {})[other] = mine_n / v if v else None
+        line = f"  batched / {other}: readers " + (f"{mine_n / v:.2f}x" if v else f"{mine_n} against {v}")
         common = set(out["servers"][mine]["rows"]) & set(out["servers"][other]["rows"])
         if common:  # capacity where both ran: the tokens a second all readers got
             n = max(common)
@@ -402,11 +388,6 @@ def load(args):
             line += f"; tokens a second at {n} readers {a['tokens_per_s'] / b['tokens_per_s']:.2f}x"
             line += f", gap p50 {1000 * a['gap_p50']:.0f} ms against {1000 * b['gap_p50']:.0f}"
         print(line, flush=True)
-    results = Path(args.results)
-    client.save(results / "load.json", out)
-    picture = plot(out, results / "load.png")
-    print(f"saved {results / 'load.json'}" + (f" and {picture}" if picture else ""), flush=True)
-    return out
 
 
 def keep(out, name, path):
@@ -434,8 +415,8 @@ def profile(args):
     import torch
     from transformers import DynamicCache
 
-    import engine
     import lm
+    from streaming.generation import engine
 
     lm.configure(model=args.model, dtype=args.dtype)
     m = lm.model()

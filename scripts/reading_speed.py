@@ -21,7 +21,7 @@ lm.add_arguments(parser)
 lm.configure(parser.parse_args())
 tok = lm.tok
 
-prompts = json.load(open(Path(__file__).with_name("prompts.json")))
+prompts = json.loads((Path(__file__).resolve().parent.parent / "prompts.json").read_text())
 texts = [p["human"] for p in prompts]
 tokens = sum(len(tok(t).input_ids) for t in texts)
 words = sum(len(t.split()) for t in texts)

@@ -21,7 +21,7 @@ parser = argparse.ArgumentParser(description=__doc__)
 lm.add_arguments(parser)
 lm.configure(parser.parse_args())
 
-prompts = json.load(open(Path(__file__).with_name("prompts.json")))
+prompts = json.loads((Path(__file__).resolve().parent.parent / "prompts.json").read_text())
 text = "\n\n".join(
     p["prompt"] + p["human"] + " Con vẹt 🦜 nói: mô hình sinh văn bản từng token một 🫠" for p in prompts
 )

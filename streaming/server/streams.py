@@ -12,8 +12,8 @@ reader left (then it stops, as for any reader who left), and an ended stream is 
 seconds, at most `count` of them. An id we never issued, or one forgotten, is unknown: the server
 answers 204, which tells EventSource to stop reconnecting, never a silent new generation.
 
-No I/O here: the server's tasks append events and read them. Leaves out persistence (a restart
-forgets every stream) and sharing the record between server processes.
+No I/O here: the server's tasks (resumable.py) append events and read them. Leaves out
+persistence (a restart forgets every stream) and sharing the record between server processes.
 """
 
 import asyncio
@@ -21,7 +21,7 @@ import secrets
 import time
 from collections import OrderedDict
 
-import sse
+from streaming.wire import sse
 
 KEEP_COUNT = 256  # ended streams kept; 256 answers of 4096 tokens are ~4 MB of text at most
 KEEP_SECONDS = 300.0  # how long an ended stream can still be resumed: longer than any reconnect

@@ -15,27 +15,28 @@ batches of one), so every reader gets a token per step. Between steps:
   keep-alive pings meanwhile).
 
 Each row samples with its own seeded generator, temperature and top_p (decoding.choose_batch),
-and its text goes through its own incremental detokenizer to its own queue. Alone, a request
-gives the same tokens as with the thread engine; in a batch, its logits can differ in the last
-bits (padding changes the shapes of the arithmetic), so a sampled text may differ, rarely.
+and its tokens go through its job's per-token routine (job.py: its own detokenizer, its own
+queue). Alone, a request gives the same tokens as with the thread engine; in a batch, its logits
+can differ in the last bits (padding changes the shapes of the arithmetic), so a sampled text may
+differ: in float32 rarely, in bfloat16 often (the tests state the tolerance).
 
 Leaves out: paged KV memory (a join or leave copies the batch's cache), fusing prefill chunks
 into the decode step, --queue's backpressure (a row is never paused for a slow reader: its queue
 grows), and the repetition penalty.
 """
 
-import asyncio
+from __future__ import annotations
+
 import collections
-import inspect
 import threading
 import time
+from typing import Any
 
 import torch
 
 import lm
 from decoding import choose_batch
-from detokenizer import StreamDetokenizer
-from generation import Job
+from streaming.generation.job import Job
 
 MAX_BATCH = 64  # active requests per step: past it they wait. 64 rows of 4k tokens is ~6 GB of KV in float32
 PREFILL_CHUNK = 128  # prompt tokens prefilled per step: the extra wait a joining prompt adds to others' gaps
@@ -44,36 +45,38 @@ PREFILL_CHUNK = 128  # prompt tokens prefilled per step: the extra wait a joinin
 class Row:
     """One request inside the engine: its sampler, detokenizer, and place in the batch."""
 
-    def __init__(self, job):
+    def __init__(self, job: BatchedJob) -> None:
         p = job.params
         self.job, self.ids = job, job.ids
-        self.g = torch.Generator(device=lm.DEVICE).manual_seed(p["seed"])
-        self.temperature, self.top_p = p["temperature"], p["top_p"]
-        self.max_tokens, self.ignore_eos = p["max_tokens"], p.get("ignore_eos", False)
-        self.detok = StreamDetokenizer()
+        self.g = torch.Generator(device=lm.DEVICE).manual_seed(p.seed)
+        self.temperature, self.top_p = p.temperature, p.top_p
         self.cache = None  # its own cache while its prompt is prefilled
         self.filled = 0  # prompt tokens prefilled so far
         self.length = 0  # tokens in its KV cache: the position of the next input
         self.next = None  # the token to feed at the next step
-        self.not_before = time.monotonic() + job.first_delay  # testing: --first-delay
+        self.not_before = time.monotonic() + job.settings.first_delay  # testing: --first-delay
         self.done = False
 
 
 class Engine:
-    def __init__(self, max_batch=MAX_BATCH, prefill_chunk=PREFILL_CHUNK, token_delay=0.0):
+    def __init__(
+        self, max_batch: int = MAX_BATCH, prefill_chunk: int = PREFILL_CHUNK, token_delay: float = 0.0, model=None
+    ) -> None:
         self.max_batch, self.chunk, self.token_delay = max_batch, prefill_chunk, token_delay
-        self.waiting = collections.deque()  # Rows not yet admitted (submitted from the event loop)
-        self.joining = collections.deque()  # admitted, prompt being prefilled
-        self.rows = []  # in the batch, one per row of `cache`
-        self.cache, self.mask = None, None  # the batch's KV cache and attention mask (B, L)
+        self.model = model  # None: lm.model(), the process's model
+        self.waiting: collections.deque[Row] = collections.deque()  # not yet admitted (from the event loop)
+        self.joining: collections.deque[Row] = collections.deque()  # admitted, prompt being prefilled
+        self.rows: list[Row] = []  # in the batch, one per row of `cache`
+        self.cache: Any = None  # the batch's KV cache (a DynamicCache)
+        self.mask: Any = None  # and its attention mask (B, L), a tensor
         self.lock = threading.Condition()
         self.steps = self.tokens = 0
         self.step_seconds = 0.0
-        self.thread = None
+        self.thread: threading.Thread | None = None
 
     # --- from the event loop -------------------------------------------------------------------
 
-    def submit(self, job):
+    def submit(self, job: BatchedJob) -> None:
         with self.lock:
             self.waiting.append(Row(job))
             if self.thread is None:
@@ -95,19 +98,15 @@ class Engine:
 
     # --- the engine thread ---------------------------------------------------------------------
 
-    def loop(self):
-        m = lm.model()
-        self.ends = lm.stop_ids()
-        self.kw = {}
-        if "logits_to_keep" in inspect.signature(m.forward).parameters:
-            self.kw["logits_to_keep"] = 1
-        self.cache_kw = lm._cache_kwarg(m)
+    def loop(self) -> None:
         while True:
             with self.lock:
                 while not (self.rows or self.joining or self.ready()):
                     self.lock.wait(0.05 if self.waiting else None)
                 while self.ready() and len(self.rows) + len(self.joining) < self.max_batch:
-                    self.joining.append(self.waiting.popleft())
+                    row = self.waiting.popleft()
+                    row.job.begin()
+                    self.joining.append(row)
             try:
                 t0 = time.perf_counter()
                 with torch.inference_mode():
@@ -145,14 +144,14 @@ class Engine:
     def prefill(self, row):
         """One chunk of a joining row's prompt; after its last chunk, its first token, and the row
         joins the batch."""
-        m = lm.model()
+        m = self.model if self.model is not None else lm.model()
         if row.cache is None:
             from transformers import DynamicCache
 
             row.cache = DynamicCache(config=m.config)
         part = row.ids[row.filled : row.filled + self.chunk]
         x = torch.tensor([part], device=lm.DEVICE)
-        logits = m(input_ids=x, use_cache=True, **{self.cache_kw: row.cache}, **self.kw).logits[:, -1]
+        logits = m(input_ids=x, use_cache=True, **lm.forward_kwargs(m, row.cache)).logits[:, -1]
         row.filled += len(part)
         if row.filled < len(row.ids):
             return
@@ -165,7 +164,7 @@ class Engine:
 
     def decode(self):
         """One forward pass for every row in the batch: each feeds its last token."""
-        m = lm.model()
+        m = self.model if self.model is not None else lm.model()
         rows = self.rows
         x = torch.tensor([[r.next] for r in rows], device=lm.DEVICE)
         positions = torch.tensor([[r.length] for r in rows], device=lm.DEVICE)
@@ -176,8 +175,7 @@ class Engine:
             position_ids=positions,
             attention_mask=self.mask if padded else None,  # None alone: the same arithmetic as the thread engine
             use_cache=True,
-            **{self.cache_kw: self.cache},
-            **self.kw,
+            **lm.forward_kwargs(m, self.cache),
         )
         for r in rows:
             r.length += 1
@@ -186,35 +184,21 @@ class Engine:
             self.compact()
 
     def emit(self, rows, logits):
-        """Sample a token for each row and hand its text on; a row that ends is marked done."""
+        """Sample a token for each row and hand it to its job's per-token routine; a row whose job
+        ended is marked done."""
         tokens = choose_batch(logits, [r.g for r in rows], [r.temperature for r in rows], [r.top_p for r in rows])
         with self.lock:
             self.tokens += len(rows)
         for row, token in zip(rows, tokens, strict=True):
-            job = row.job
-            job.produced += 1
-            if token in self.ends and not row.ignore_eos:
-                self.end(row, "eos")
-                continue
-            if piece := row.detok.push(token):
-                job.put(piece)
-            if job.fail_after is not None and job.produced >= job.fail_after:
-                self.end(row, error=RuntimeError(f"injected failure after {job.produced} tokens (--fail-after)"))
-            elif job.produced >= row.max_tokens:
-                self.end(row, "length")
+            row.done = not row.job.take(token)
             row.next = token
 
     def end(self, row, reason=None, error=None):
-        job, row.done = row.job, True
+        row.done = True
         if error is None:
-            if rest := row.detok.flush():
-                job.put(rest)
-            job.reason = reason
-            job.put(None)
+            row.job.end(reason)
         else:
-            job.put(error)
-        job.call(job.finish, job.produced)
-        job.ended.set()
+            row.job.fail(error)
 
     # --- the batch's KV cache ------------------------------------------------------------------
 
@@ -280,60 +264,14 @@ def pad_mask(mask, width):
     return mask if missing == 0 else torch.nn.functional.pad(mask, (missing, 0))
 
 
-ENGINE = None  # the server's engine, made by configure()
-
-
-def configure(max_batch=MAX_BATCH, prefill_chunk=PREFILL_CHUNK, token_delay=0.0):
-    global ENGINE
-    ENGINE = Engine(max_batch, prefill_chunk, token_delay)
-    return ENGINE
-
-
-class FreeJob(Job):
-    """`--engine free`, for measuring the server alone: no model, every piece ' x' at once (as
-    fast as the reader takes them), so what costs time is the server's own work per event."""
-
-    def start(self):
-        from generation import ACTIVE
-
-        ACTIVE.add(self)
-        self.loop.create_task(self.feed())
-        self.thread = self
-        return self
-
-    async def feed(self):
-        for _ in range(self.params["max_tokens"]):
-            if self.stop.is_set():
-                break
-            self.produced += 1
-            self.out.put_nowait(" x")
-            if self.out.qsize() > 64:
-                await asyncio.sleep(0)  # let the reader catch up, as a bounded queue would
-                while self.out.qsize() > 16 and not self.stop.is_set():
-                    await asyncio.sleep(0.001)
-        self.reason = "stopped" if self.stop.is_set() else "length"
-        self.out.put_nowait(None)
-        self.finish(self.produced)
-
-    def join(self, timeout=None):
-        pass
-
-
 class BatchedJob(Job):
-    """A Job (the same `stop`, `get()`, `done`, `reason`) that the engine runs instead of a thread."""
+    """A Job that an Engine's thread runs in its batch."""
 
-    def __init__(self, *args, **kw):
+    def __init__(self, engine: Engine, *args, **kw) -> None:
         super().__init__(*args, **kw)
-        self.slots = None  # never block the engine on one reader: its queue grows instead
-        self.ended = threading.Event()
-        self.thread = self  # shutdown joins `job.thread`
+        self.engine = engine
 
-    def start(self):
-        from generation import ACTIVE
-
-        ACTIVE.add(self)
-        (ENGINE or configure()).submit(self)
+    def start(self) -> BatchedJob:
+        super().start()
+        self.engine.submit(self)
         return self
-
-    def join(self, timeout=None):
-        self.ended.wait(timeout)

@@ -52,19 +52,19 @@ ARTICLE = {"ours_sse": len(ours), "anthropic": len(anthropic), "openai": len(ope
 
 def one_event(model_id):
     """One event carrying `text`, from the encoders server.py writes with."""
-    import apis
-    import sse
-    import ws
+    from streaming.wire import sse, websocket
+    from streaming.wire.anthropic import AnthropicStream
+    from streaming.wire.openai import OpenAIStream
 
     payload = json.dumps({"text": text})
-    padded = [len(apis.OpenAIStream(model_id, obfuscation=True).text(text)) for _ in range(1000)]
+    padded = [len(OpenAIStream(model_id, obfuscation=True).text(text)) for _ in range(1000)]
     return {
         "ours_sse": len(sse.event(payload)),
-        "ours_ws": len(ws.text_frame(payload)),
-        "openai": len(apis.OpenAIStream(model_id, obfuscation=False).text(text)),
+        "ours_ws": len(websocket.text_frame(payload)),
+        "openai": len(OpenAIStream(model_id, obfuscation=False).text(text)),
         "openai_obfuscated": statistics.mean(padded),
         "openai_obfuscated_range": [min(padded), max(padded)],
-        "anthropic": len(apis.AnthropicStream(model_id, 10).text(text)),
+        "anthropic": len(AnthropicStream(model_id, 10).text(text)),
     }
 
 
@@ -113,7 +113,7 @@ def live(port, n=100):
         print(f"  {name:31s} article {a} bytes, ours {here:6.1f} bytes")
     lo, hi = e["openai_obfuscated_range"]
     print(f"  (the padded OpenAI chunk varies from {lo} to {hi} bytes: that is the point of the padding)")
-    prompt = json.load(open("prompts.json"))[0]["prompt"]
+    prompt = client.prompts(1)[0]
     whole = asyncio.run(whole_answers(port, prompt, n))
     print(f"over a whole {n}-token answer (ignore_eos), every byte received, headers included, per byte of text:")
     for name, w in whole.items():
@@ -138,10 +138,10 @@ def main(argv=None):
     if args.port:
         results = live(args.port, args.max_tokens)
     else:
-        from experiments import Child
+        from streaming.launch import Process, python
 
         model = args.model or __import__("os").environ.get("LM_MODEL", "bundled")
-        server = Child("server", ["server.py", "--port", "0", "--model", model]).wait()
+        server = Process("server", python("server.py", "--port", "0", "--model", model)).wait()
         try:
             results = live(server.port, args.max_tokens)
         finally:

@@ -2,14 +2,17 @@
 
 In the manner of the `websockets` library's frames.py: `Frame` with one `check()` for its
 invariants, `serialize()` and an incremental `Parser` with no I/O. The parser takes the bytes a
-client sent and returns control frames and whole messages (fragments reassembled); anything the
+peer sent and returns control frames and whole messages (fragments reassembled); anything the
 RFC forbids raises `ProtocolError` carrying the close code to send (§7.4.1): 1002 protocol
-error, 1007 invalid UTF-8, 1009 too big. server.py decides what to do with messages (1003 for a
-binary one, which it cannot use).
+error, 1007 invalid UTF-8, 1009 too big. A server's parser requires masked frames, a client's
+refuses them (§5.1). session.py holds the protocol state above the frames (pings, the close
+handshake) for both sides.
 
-Leaves out: extensions (permessage-deflate is not negotiated, so any RSV bit is an error),
-subprotocols, and a client-side parser (client.py's needs are the mirror image: masking off).
+Leaves out: extensions (permessage-deflate is not negotiated, so any RSV bit is an error) and
+subprotocols.
 """
+
+from __future__ import annotations
 
 import base64
 import binascii
@@ -17,10 +20,12 @@ import codecs
 import hashlib
 import os
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from http11 import ProtocolError, Request
+from streaming.wire.errors import ProtocolError
+from streaming.wire.http11 import Request, head, request_head
 
 GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"  # §1.3: proves the server understood the handshake
 MAX_MESSAGE = 1024 * 1024  # bytes in one message, all fragments together: 1009. Same as an HTTP body.
@@ -33,12 +38,12 @@ DATA_OPCODES, CONTROL_OPCODES = {CONT, TEXT, BINARY}, {CLOSE, PING, PONG}
 SENDABLE = {1000, 1001, 1002, 1003, 1007, 1008, 1009, 1010, 1011, 1012, 1013, 1014}
 
 
-def accept_key(key):
+def accept_key(key: str) -> str:
     """Sec-WebSocket-Accept for a Sec-WebSocket-Key (§4.2.2): base64(SHA-1(key + GUID))."""
     return base64.b64encode(hashlib.sha1((key + GUID).encode()).digest()).decode()
 
 
-def handshake(request: Request, allowed_origins=()):
+def handshake(request: Request, allowed_origins: Iterable[str] = ()) -> bytes:
     """Check an upgrade request (§4.2.1) and return the 101 response's bytes.
 
     Raises ProtocolError: 400 for a malformed request, 426 for another protocol version, 403 for
@@ -67,13 +72,21 @@ def handshake(request: Request, allowed_origins=()):
     origin = h.get("origin")
     if origin is not None and not origin_allowed(origin, h.get("host", ""), allowed_origins):
         raise ProtocolError(f"origin {origin} is not allowed", 403)
-    return (
-        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-        b"Sec-WebSocket-Accept: " + accept_key(key).encode() + b"\r\n\r\n"
-    )
+    fields = [("Upgrade", "websocket"), ("Connection", "Upgrade"), ("Sec-WebSocket-Accept", accept_key(key))]
+    return head(101, fields)
 
 
-def origin_allowed(origin, host, allowed):
+def client_handshake(host: str, key: str, path: str = "/ws", headers: Iterable[tuple[str, str]] = ()) -> bytes:
+    """A client's opening handshake (§4.1) with its Sec-WebSocket-Key (`new_key()`)."""
+    fields = [("Upgrade", "websocket"), ("Connection", "Upgrade"), ("Sec-WebSocket-Key", key)]
+    return request_head("GET", path, host, [*fields, ("Sec-WebSocket-Version", "13"), *headers])
+
+
+def new_key() -> str:
+    return base64.b64encode(os.urandom(16)).decode()
+
+
+def origin_allowed(origin: str, host: str, allowed: Iterable[str]) -> bool:
     """Our own origin (the page this server serves: same host and port) or one listed."""
     if "*" in allowed or origin in allowed:
         return True
@@ -84,7 +97,7 @@ def origin_allowed(origin, host, allowed):
     return f"{url.hostname}:{url.port or default}" == with_port(host, default)
 
 
-def with_port(host, default):
+def with_port(host: str, default: int) -> str:
     return host if host.rsplit(":", 1)[-1].isdigit() and not host.endswith("]") else f"{host}:{default}"
 
 
@@ -95,7 +108,7 @@ class Frame:
     fin: bool = True
     rsv: int = 0  # the three reserved bits, as a number 0-7
 
-    def check(self):
+    def check(self) -> None:
         """The invariants of §5.2 and §5.5; raises ProtocolError(1002)."""
         if self.rsv:
             raise ProtocolError("reserved bits set without a negotiated extension", close_code=1002)
@@ -108,7 +121,7 @@ class Frame:
                 raise ProtocolError("fragmented control frame", close_code=1002)
 
 
-def serialize(frame, mask=None):
+def serialize(frame: Frame, mask: bytes | None = None) -> bytes:
     """Frame bytes: FIN, RSV, opcode; MASK bit and a 7-, 16- or 64-bit length (§5.2); the
     masking key and masked payload when `mask` is given (clients must mask, servers must not)."""
     frame.check()
@@ -126,7 +139,7 @@ def serialize(frame, mask=None):
     return head + mask + apply_mask(frame.data, mask)
 
 
-def apply_mask(data, mask):
+def apply_mask(data: bytes, mask: bytes) -> bytes:
     """XOR with the 4-byte key, repeated (§5.3). Done on big integers: fast in pure Python."""
     if not data:
         return b""
@@ -134,24 +147,24 @@ def apply_mask(data, mask):
     return (int.from_bytes(data, "big") ^ int.from_bytes(key, "big")).to_bytes(len(data), "big")
 
 
-def new_mask():
+def new_mask() -> bytes:
     return os.urandom(4)
 
 
-def text_frame(message, mask=None):
+def text_frame(message: str, mask: bytes | None = None) -> bytes:
     return serialize(Frame(TEXT, message.encode()), mask)
 
 
-def close_frame(code=1000, reason="", mask=None):
+def close_frame(code: int = 1000, reason: str = "", mask: bytes | None = None) -> bytes:
     return serialize(Frame(CLOSE, close_payload(code, reason)), mask)
 
 
-def close_payload(code, reason=""):
+def close_payload(code: int, reason: str = "") -> bytes:
     data = reason.encode()[:123]  # 125 bytes of control payload, 2 of them the code
     return struct.pack("!H", code) + data.decode("utf-8", "ignore").encode()
 
 
-def parse_close(data):
+def parse_close(data: bytes) -> tuple[int, str]:
     """(code, reason) of a close frame's payload (§5.5.1, §7.4); 1005 means no code given."""
     if not data:
         return 1005, ""
@@ -172,7 +185,7 @@ class Message:
     opcode: int  # TEXT or BINARY
     data: bytes
 
-    def text(self):
+    def text(self) -> str:
         return self.data.decode()
 
 
@@ -182,16 +195,18 @@ class Parser:
     `mask_required` is True on a server: §5.1 says a server MUST close on an unmasked frame.
     """
 
-    def __init__(self, mask_required=True, max_message=MAX_MESSAGE):
+    def __init__(self, mask_required: bool = True, max_message: int = MAX_MESSAGE) -> None:
         self.buffer = bytearray()
         self.mask_required, self.max_message = mask_required, max_message
-        self.fragments, self.fragment_opcode, self.fragment_size = [], None, 0
-        self.utf8 = None  # incremental validator of the text message being reassembled
+        self.fragments: list[bytes] = []
+        self.fragment_opcode: int | None = None
+        self.fragment_size = 0
+        self.utf8: codecs.IncrementalDecoder | None = None  # validates the text message being reassembled
 
-    def feed(self, data):
+    def feed(self, data: bytes) -> None:
         self.buffer += data
 
-    def next_frame(self):
+    def next_frame(self) -> Frame | None:
         """One frame off the buffer, unmasked, or None if it is not all here yet."""
         b = self.buffer
         if len(b) < 2:
@@ -225,9 +240,9 @@ class Parser:
         i += 4 if masked else 0
         data = bytes(b[i : i + n])
         del b[: i + n]
-        return Frame(opcode, apply_mask(data, mask) if masked else data, fin, rsv)
+        return Frame(opcode, apply_mask(data, mask) if mask is not None else data, fin, rsv)
 
-    def next(self):
+    def next(self) -> Frame | Message | None:
         """The next control Frame or whole Message, or None if more bytes are needed."""
         while (frame := self.next_frame()) is not None:
             if frame.opcode in CONTROL_OPCODES:

@@ -5,18 +5,27 @@ request, and it answers a `Request` or None ("need more data"); what follows the
 `trailing`. It parses the request line and headers (RFC 9112 §2-5), reads a Content-Length body
 (§6.3), and raises `ProtocolError` with the status a client should get: 400 malformed, 411 for
 Transfer-Encoding, 413 too large, 431 headers too large, 505 another HTTP version.
-`response()` and `error_response()` serialize answers; every error body is JSON.
+`head()` writes every response head (and `request_head()` every request head the clients send);
+`response()` a whole response. The client side mirrors it: `ResponseReader` takes a response's
+bytes and returns its head, then its body's data, framed by Content-Length, chunked transfer
+coding (`ChunkedDecoder`) or the end of the connection, then `END`.
 
-No I/O here: server.py reads and writes. Leaves out: chunked request bodies (411 asks for a
-Content-Length instead), keep-alive and pipelining (every response closes the connection, as the
-article's does), absolute-form targets and obsolete line folding (both 400).
+No I/O here: the server and the clients read and write. Leaves out: chunked request bodies (411
+asks for a Content-Length instead), keep-alive and pipelining (every response closes the
+connection, as the article's does), absolute-form targets and obsolete line folding (both 400).
 """
+
+from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from http import HTTPStatus
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from streaming.wire.errors import ProtocolError
 
 # Limits, each with the status a client gets past it.
 MAX_HEAD = 16 * 1024  # request line + headers: 431. Browsers send 1-2 KB; 16 KiB leaves room for cookies.
@@ -27,31 +36,17 @@ TOKEN = re.compile(rb"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")  # RFC 9110 §5.6.2: meth
 HEAD_END = re.compile(rb"\r?\n\r?\n")  # a bare LF is accepted as a line end (RFC 9112 §2.2)
 
 
-class ProtocolError(Exception):
-    """Anything a client got wrong (or we failed at), carrying how to say so.
-
-    `status` is the HTTP status for a response; `close_code` the WebSocket close code (RFC 6455
-    §7.4.1) once the connection is a WebSocket. `kind` names the error in the JSON body.
-    """
-
-    def __init__(self, message, status=400, close_code=1002, kind=None, headers=()):
-        super().__init__(message)
-        self.message, self.status, self.close_code = message, status, close_code
-        self.kind = kind or HTTPStatus(status).phrase.lower().replace(" ", "_").replace("-", "_")
-        self.headers = list(headers)
-
-
 @dataclass
 class Request:
     method: str
     target: str
     version: str
-    headers: dict  # lower-case name -> value; repeated fields joined with ", " (RFC 9110 §5.3)
+    headers: dict[str, str]  # lower-case name -> value; repeated fields joined with ", " (RFC 9110 §5.3)
     body: bytes = b""
     path: str = ""
-    query: dict = field(default_factory=dict)  # name -> last value
+    query: dict[str, str] = field(default_factory=dict)  # name -> last value
 
-    def json(self):
+    def json(self) -> dict[str, Any]:
         """The body as a JSON object, or a 400 that says what is wrong with it."""
         try:
             value = json.loads(self.body)
@@ -65,17 +60,17 @@ class Request:
 class RequestParser:
     """Bytes in, one Request out. After it, `trailing` holds any bytes that followed."""
 
-    def __init__(self, max_head=MAX_HEAD, max_body=MAX_BODY):
+    def __init__(self, max_head: int = MAX_HEAD, max_body: int = MAX_BODY) -> None:
         self.buffer = bytearray()
         self.max_head, self.max_body = max_head, max_body
-        self.head = None  # the Request once its head is parsed, before its body is complete
+        self.head: Request | None = None  # the Request once its head is parsed, before its body is complete
         self.trailing = b""
         self.scanned = 0  # where the search for the blank line resumes: feeding byte by byte stays linear
 
-    def feed(self, data):
+    def feed(self, data: bytes) -> None:
         self.buffer += data
 
-    def next_request(self):
+    def next_request(self) -> Request | None:
         """A complete Request, or None if more bytes are needed. Raises ProtocolError."""
         if self.head is None:
             end = HEAD_END.search(self.buffer, self.scanned, self.max_head + 4)
@@ -95,12 +90,12 @@ class RequestParser:
         self.buffer.clear()
         return request
 
-    def expects_continue(self):
+    def expects_continue(self) -> bool:
         """Whether the client waits for `100 Continue` before sending its body (RFC 9110 §10.1.1)."""
         return self.head is not None and self.head.headers.get("expect", "").lower() == "100-continue"
 
 
-def parse_head(head, max_body=MAX_BODY):
+def parse_head(head: bytes, max_body: int = MAX_BODY) -> Request:
     """Parse a request line and header fields (without the blank line) into a Request."""
     lines = head.replace(b"\r\n", b"\n").split(b"\n")
     parts = lines[0].split(b" ")
@@ -113,7 +108,7 @@ def parse_head(head, max_body=MAX_BODY):
         raise ProtocolError(f"{version.decode()} is not supported; speak HTTP/1.1", 505)
     if not target.startswith(b"/") or any(c < 0x21 or c == 0x7F for c in target):
         raise ProtocolError("the request target must be a path (origin-form)", 400)
-    headers = {}
+    headers: dict[str, str] = {}
     for line in lines[1:]:
         if line[:1] in (b" ", b"\t"):
             raise ProtocolError("obsolete line folding in a header field", 400)
@@ -146,30 +141,34 @@ def parse_head(head, max_body=MAX_BODY):
     )
 
 
-def response(status, body=b"", content_type="application/json", headers=()):
+def head(status: int, headers: Iterable[tuple[str, str]] = ()) -> bytes:
+    """A response's status line and header fields, ended by the blank line (RFC 9112 §4, §5)."""
+    lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}", *(f"{k}: {v}" for k, v in headers)]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+def request_head(method: str, target: str, host: str, headers: Iterable[tuple[str, str]] = ()) -> bytes:
+    """A request's line and header fields, as the clients send them (RFC 9112 §3)."""
+    lines = [f"{method} {target} HTTP/1.1", f"Host: {host}", *(f"{k}: {v}" for k, v in headers)]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+def response(
+    status: int,
+    body: bytes = b"",
+    content_type: str | None = "application/json",
+    headers: Iterable[tuple[str, str]] = (),
+) -> bytes:
     """A whole response that closes the connection (no keep-alive, as the article's server)."""
-    lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}"]
-    if content_type:
-        lines.append(f"Content-Type: {content_type}")
+    fields = [("Content-Type", content_type)] if content_type else []
     if status != 204:  # a 204 has no body and must not say how long it is (RFC 9110 §8.6)
-        lines.append(f"Content-Length: {len(body)}")
-    lines.append("Connection: close")
-    lines += [f"{k}: {v}" for k, v in headers]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+        fields.append(("Content-Length", str(len(body))))
+    fields.append(("Connection", "close"))
+    return head(status, [*fields, *headers]) + body
 
 
-def json_response(status, value, headers=()):
+def json_response(status: int, value: Any, headers: Iterable[tuple[str, str]] = ()) -> bytes:
     return response(status, json.dumps(value).encode(), headers=headers)
-
-
-def error_body(err):
-    return {"error": {"status": err.status, "type": err.kind, "message": err.message}}
-
-
-def error_response(err):
-    """The one place a ProtocolError becomes an HTTP response: its status, a JSON body (the
-    error's own `body` when an API gives errors its own shape, else ours)."""
-    return json_response(err.status, getattr(err, "body", None) or error_body(err), headers=err.headers)
 
 
 MAX_CHUNK_LINE = 4096  # a chunk-size line with extensions, or a trailer line: past it the peer is broken
@@ -181,15 +180,15 @@ class ChunkedDecoder:
     `trailing` holds whatever followed. Proxies such as nginx send a stream to an HTTP/1.1 client
     this way. Raises ProtocolError on a malformed chunk. Trailer fields are read and dropped."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.buffer = bytearray()
-        self.remaining = None  # data bytes left in the current chunk; None: a size line is next
+        self.remaining: int | None = None  # data bytes left in the current chunk; None: a size line is next
         self.crlf = False  # the CRLF after a chunk's data is next
         self.trailer = False  # after the last chunk: trailer lines until an empty one
         self.done = False
         self.trailing = b""
 
-    def feed(self, data):
+    def feed(self, data: bytes) -> bytes:
         if self.done:
             self.trailing += data
             return b""
@@ -223,7 +222,7 @@ class ChunkedDecoder:
                 self.trailer = self.remaining == 0
         return bytes(out)
 
-    def line(self):
+    def line(self) -> bytes | None:
         """The next line without its CRLF (a bare LF is accepted), or None if it has not arrived."""
         end = self.buffer.find(b"\n")
         if end < 0:
@@ -233,3 +232,112 @@ class ChunkedDecoder:
         line = bytes(self.buffer[:end]).removesuffix(b"\r")
         del self.buffer[: end + 1]
         return line
+
+
+# --- the client side: one response's head and body ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class Response:
+    """A response's head: status and lower-case header fields (repeated ones joined)."""
+
+    status: int
+    headers: dict[str, str]
+
+
+class _End:
+    def __repr__(self) -> str:
+        return "END"
+
+
+END = _End()  # the body is complete (ResponseReader.next_event)
+MAX_RESPONSE_HEAD = 64 * 1024  # a response head past this is a broken or hostile peer
+
+
+class ResponseReader:
+    """Bytes of one response in; events out, in the manner of h11's readers: `next_event()`
+    returns the `Response` head, then body data (`bytes`) as it arrives, then `END`; None means
+    "need more data". The body is framed by chunked transfer coding, a Content-Length, or the end
+    of the connection (`feed_eof()`); a 101, 204 or 304 has none (RFC 9112 §6.3). `trailing`
+    holds whatever followed the response (a WebSocket's first frames after a 101)."""
+
+    def __init__(self) -> None:
+        self.buffer = bytearray()
+        self.response: Response | None = None
+        self.chunked: ChunkedDecoder | None = None
+        self.remaining: int | None = None  # Content-Length bytes still to come; None: until close
+        self.eof = self.ended = False
+        self.trailing = b""
+
+    def feed(self, data: bytes) -> None:
+        if self.ended:
+            self.trailing += data
+        else:
+            self.buffer += data
+
+    def feed_eof(self) -> None:
+        self.eof = True
+
+    def next_event(self) -> Response | bytes | _End | None:
+        if self.ended:
+            return None
+        if self.response is None:
+            return self._head()
+        if self.chunked is not None:
+            data = self.chunked.feed(bytes(self.buffer))
+            self.buffer.clear()
+            if self.chunked.done:
+                return self._end(self.chunked.trailing) if not data else data
+            if not data and self.eof:
+                raise ProtocolError("the connection closed inside a chunked body")
+            return data or None
+        if self.remaining is not None:
+            data = bytes(self.buffer[: self.remaining])
+            del self.buffer[: len(data)]
+            self.remaining -= len(data)
+            if data:
+                return data
+            if self.remaining == 0:
+                return self._end(bytes(self.buffer))
+            if self.eof:
+                raise ProtocolError("the connection closed before the whole body arrived")
+            return None
+        if self.buffer:
+            data = bytes(self.buffer)
+            self.buffer.clear()
+            return data
+        return self._end(b"") if self.eof else None
+
+    def _head(self) -> Response | _End | None:
+        end = HEAD_END.search(self.buffer)
+        if end is None:
+            if len(self.buffer) > MAX_RESPONSE_HEAD:
+                raise ProtocolError(f"response head over {MAX_RESPONSE_HEAD} bytes")
+            if self.eof:
+                raise ProtocolError("the connection closed before a response")
+            return None
+        lines = bytes(self.buffer[: end.start()]).decode("latin-1").replace("\r\n", "\n").split("\n")
+        del self.buffer[: end.end()]
+        parts = lines[0].split(" ", 2)
+        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit() or len(parts[1]) != 3:
+            raise ProtocolError(f"malformed status line {lines[0][:40]!r}")
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            name, colon, value = line.partition(":")
+            if not colon:
+                raise ProtocolError(f"malformed header field {line[:40]!r}")
+            key = name.strip().lower()
+            headers[key] = f"{headers[key]}, {value.strip()}" if key in headers else value.strip()
+        self.response = Response(int(parts[1]), headers)
+        if self.response.status in (101, 204, 304) or 100 <= self.response.status < 200:
+            self.remaining = 0
+        elif "chunked" in headers.get("transfer-encoding", "").lower():
+            self.chunked = ChunkedDecoder()
+        elif headers.get("content-length", "").isdigit():
+            self.remaining = int(headers["content-length"])
+        return self.response
+
+    def _end(self, rest: bytes) -> _End:
+        self.ended, self.trailing = True, rest + self.trailing
+        self.buffer.clear()
+        return END

@@ -11,13 +11,12 @@ several can run side by side without root. Leaves out: installing nginx (`apt-ge
 """
 
 import shutil
-import socket
-import subprocess
 import tempfile
-import time
 from pathlib import Path
 
-CONF = Path(__file__).resolve().parent / "nginx" / "streaming.conf"
+from streaming.launch import ROOT, Process, free_port
+
+CONF = ROOT / "nginx" / "streaming.conf"
 MARK = "# experiments: more directives here"
 START_TIMEOUT = 10.0  # seconds for nginx to accept connections
 
@@ -28,13 +27,6 @@ def binary():
 
 def available():
     return binary() is not None
-
-
-def free_port():
-    """A port nobody listens on now (nginx cannot report a port it picked itself)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def config(upstream_port, port, extra=()):
@@ -59,29 +51,19 @@ class Nginx:
         (self.prefix / "nginx.conf").write_text(config(upstream_port, self.port, extra))
         self.log = self.prefix / "error.log"
         argv = [binary(), "-p", f"{self.prefix}/", "-c", "nginx.conf", "-e", str(self.log), "-g", "daemon off;"]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + START_TIMEOUT
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                break
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"nginx did not start:\n{self.errors()}") from None
-                time.sleep(0.05)
+        self.proc = Process("nginx", argv, port=self.port, quiet=True)  # free_port(): nginx can't report one
+        try:
+            self.proc.wait(START_TIMEOUT)
+        except RuntimeError:
+            errors = self.errors()
+            self.stop()
+            raise RuntimeError(f"nginx did not start:\n{errors}") from None
 
     def errors(self):
         return self.log.read_text() if self.log.exists() else ""
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()  # SIGTERM: nginx's fast shutdown
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        self.proc.stop(10)  # SIGTERM: nginx's fast shutdown
         shutil.rmtree(self.prefix, ignore_errors=True)
 
     def __enter__(self):

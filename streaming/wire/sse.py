@@ -6,15 +6,27 @@ sets the last event id, `retry` the reconnection time; a line starting with `:` 
 keep-alive ping). Lines end in CRLF, LF or CR.
 
 `EventParser` is incremental, as the spec's own algorithm: feed it any slice of the stream (byte
-by byte if you like) and it returns the events completed so far. No I/O here. Leaves out the
-EventSource reconnection behaviour, which is the client's business.
+by byte if you like) and it returns the events completed so far. No I/O here. Every event any
+endpoint sends is built by `event()`; `RESPONSE_FIELDS` are the header fields of every stream's
+response. Leaves out the EventSource reconnection behaviour, which is the client's business.
 """
+
+from __future__ import annotations
 
 import codecs
 from dataclasses import dataclass
 
+# The head of every event-stream response: no caching, and `X-Accel-Buffering: no`, which nginx
+# (and proxies that copy it) honor to pass each event on at once instead of buffering.
+RESPONSE_FIELDS = [
+    ("Content-Type", "text/event-stream"),
+    ("Cache-Control", "no-cache"),
+    ("X-Accel-Buffering", "no"),
+    ("Connection", "close"),
+]
 
-def event(data, event=None, id=None):
+
+def event(data: str, event: str | None = None, id: str | None = None) -> bytes:
     """One event. Multi-line data becomes several data lines, which the parser joins back."""
     out = []
     if event is not None:
@@ -25,7 +37,10 @@ def event(data, event=None, id=None):
     return ("".join(out) + "\n").encode()
 
 
-def comment(text="ping"):
+DONE = b"data: [DONE]\n\n"  # the end of our streams and OpenAI's: event("[DONE]")
+
+
+def comment(text: str = "ping") -> bytes:
     """A comment line: ignored by parsers, it keeps idle proxies from closing the connection."""
     return f": {text}\n\n".encode()
 
@@ -41,14 +56,16 @@ class Event:
 class EventParser:
     """Bytes of an event stream in, Events out (WHATWG's "interpret an event stream")."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self.pending = ""  # text of an unfinished line
         self.after_cr = False  # the last chunk ended in CR: an LF next belongs to it
         self.first = True  # a leading byte-order mark is dropped
-        self.data, self.type, self.last_id, self.retry = [], "", "", None
+        self.data: list[str] = []
+        self.type, self.last_id = "", ""
+        self.retry: int | None = None
 
-    def feed(self, data):
+    def feed(self, data: bytes) -> list[Event]:
         """Feed bytes; return the list of events they completed."""
         text = self.decoder.decode(data)
         if self.first and text:
@@ -59,14 +76,14 @@ class EventParser:
             self.after_cr = text.endswith("\r")
         lines = (self.pending + text).replace("\r\n", "\n").replace("\r", "\n").split("\n")
         self.pending = lines.pop()
-        events = []
+        events: list[Event] = []
         for line in lines:
             ev = self.line(line)
             if ev is not None:
                 events.append(ev)
         return events
 
-    def line(self, line):
+    def line(self, line: str) -> Event | None:
         if line == "":  # dispatch
             if not self.data:
                 self.type = ""
@@ -91,6 +108,6 @@ class EventParser:
                 self.retry = int(value)
         return None  # other field names are ignored
 
-    def close(self):
+    def close(self) -> None:
         """The stream ended: an event without its blank line is discarded, per the spec."""
         self.data, self.type, self.pending = [], "", ""

@@ -1,0 +1,103 @@
+"""/v1/: the OpenAI and Anthropic APIs, driven through their wire format objects.
+
+One handler serves both: the route names the format (streaming.wire.openai / .anthropic), which
+parses the request, shapes errors, and writes the whole answer or the stream's events; this
+module only checks the key, starts the job, and relays, with the same stop-on-leave as /stream.
+Leaves out what streaming.wire.apis leaves out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+import lm
+from streaming.generation.prompts import encode_chat
+from streaming.server.connection import Connection
+from streaming.server.plain import SSE_HEAD
+from streaming.wire.apis import ApiRequest, Format
+from streaming.wire.errors import ProtocolError
+from streaming.wire.http11 import Request, json_response
+from streaming.wire.stops import StopMatcher
+
+if TYPE_CHECKING:
+    from streaming.server.app import Server
+
+
+def model_id() -> str:
+    name = lm.model_name()
+    return {"bundled": lm.BUNDLED_NAME.removesuffix("-q4_k_m")}.get(name, name)
+
+
+def check_key(srv: Server, fmt: Format, request: Request) -> None:
+    if srv.config.api_key:
+        auth = request.headers.get("authorization", "")
+        given = auth[7:] if auth.lower().startswith("bearer ") else request.headers.get("x-api-key")
+        if given != srv.config.api_key:
+            raise fmt.auth_error()
+
+
+async def models(srv: Server, conn: Connection, request: Request) -> None:
+    fmt: Format = conn.api  # the route's format (app.ROUTES)
+    check_key(srv, fmt, request)
+    conn.write(json_response(200, {"object": "list", "data": [fmt.models(model_id())]}))
+
+
+async def answer(srv: Server, conn: Connection, request: Request) -> None:
+    fmt: Format = conn.api  # the route's format (app.ROUTES)
+    check_key(srv, fmt, request)
+    api = fmt.parse(request.json())
+    ids = await asyncio.to_thread(encode_chat, api.messages, api.params)
+    job = srv.job(ids, api.params)
+    try:
+        if api.stream:
+            await stream(srv, conn, request.path, fmt, api, job, len(ids))
+        else:
+            await whole(srv, conn, request.path, fmt, api, job, len(ids))
+    finally:
+        job.stop.set()
+
+
+async def whole(srv: Server, conn: Connection, path: str, fmt: Format, api: ApiRequest, job: Any, prompt: int) -> None:
+    watcher = srv.watcher(conn, job)
+    matcher, parts = StopMatcher(api.stop), []
+    try:
+        async for piece in srv.pieces(job):
+            parts.append(matcher.push(piece))
+            if matcher.matched is not None:
+                job.stop.set()
+                break
+        parts.append(matcher.flush())
+    except ProtocolError as e:
+        raise ProtocolError(e.message, 500) from None
+    finally:
+        if watcher:
+            watcher.cancel()
+        produced = await job.done
+        srv.record(path, produced, conn.gone)
+    value = fmt.whole(model_id(), "".join(parts), fmt.finish(job.reason, matcher.matched), prompt, produced)
+    if not conn.gone:
+        conn.write(json_response(200, value))
+
+
+async def stream(srv: Server, conn: Connection, path: str, fmt: Format, api: ApiRequest, job: Any, prompt: int) -> None:
+    enc = fmt.stream(model_id(), api, prompt)
+    conn.write(SSE_HEAD)
+    conn.started = True
+    watcher = srv.watcher(conn, job)
+    matcher = StopMatcher(api.stop)
+    first = await conn.send(enc.start(), srv.config.write_timeout)
+    end = None
+    try:
+        left = await srv.relay(conn, job, enc.text, enc.keep_alive(), matcher) or not first
+    except ProtocolError as e:  # after the 200: the API's own error event
+        left, end = not first, enc.error(e.message)
+    if watcher:
+        watcher.cancel()
+    produced = await job.done
+    left = left or conn.gone
+    if end is None:
+        end = enc.end(fmt.finish(job.reason, matcher.matched), produced)
+    if not left:
+        await conn.send(end, srv.config.write_timeout)
+    srv.record(path, produced, left)

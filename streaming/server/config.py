@@ -1,0 +1,43 @@
+"""Every setting of a server, as one frozen value made from the command line (server.py).
+
+Leaves out the model's settings (--model, --device, --dtype, --quantize), which lm.configure
+takes, since the scripts that load a model without a server take them too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from streaming.generation.engine import MAX_BATCH, PREFILL_CHUNK
+from streaming.generation.job import Settings
+from streaming.server.streams import GRACE_SECONDS, KEEP_COUNT, KEEP_SECONDS
+from streaming.wire.http11 import REQUEST_TIMEOUT
+
+WRITE_TIMEOUT = 30.0  # seconds a write may wait for a reader before it is dropped
+PING_SECONDS = 15.0  # a keep-alive after this long without an event: under proxies' 60 s idle timeouts
+
+
+@dataclass(frozen=True)
+class Config:
+    host: str = "127.0.0.1"
+    port: int = 8765  # 0 picks a free port (printed)
+    naive: bool = False  # the article's naive server: never notices a reader leaving
+    engine: str = "batched"  # batched, thread or free (streaming.generation.runner)
+    max_batch: int = MAX_BATCH
+    prefill_chunk: int = PREFILL_CHUNK
+    queue: int = 0  # thread engine: bound each request's queue to N pieces
+    write_timeout: float = WRITE_TIMEOUT
+    ping: float = PING_SECONDS
+    request_timeout: float = REQUEST_TIMEOUT
+    allow_origin: tuple[str, ...] = ()  # browser Origins allowed to open /ws (* for any)
+    api_key: str | None = None  # required on /v1/ when set
+    token_delay: float = 0.0  # testing: sleep S s after each token
+    fail_after: int | None = None  # testing: fail generation after N tokens
+    first_delay: float = 0.0  # testing: S s of silence before the first token
+    drop_after: int = 0  # testing: drop a resumable stream's connection every N events
+    resume_grace: float = GRACE_SECONDS
+    resume_keep: float = KEEP_SECONDS
+    resume_streams: int = KEEP_COUNT
+
+    def job_settings(self) -> Settings:
+        return Settings(self.queue, self.token_delay, self.fail_after, self.first_delay)

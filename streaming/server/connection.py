@@ -1,0 +1,112 @@
+"""One client's connection: reading its request, writing with a deadline, noticing it leave,
+and the one place an error becomes what the client sees (`fail`).
+
+Every write of a stream goes through `send`: write, and if the transport's buffer is over its
+high-water mark wait for it to drain for at most the write timeout, then drop the reader.
+Leaves out: keep-alive (one request a connection) and TLS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from streaming.wire.errors import InvalidRequest, ProtocolError, error_body
+from streaming.wire.http11 import Request, RequestParser, head, json_response
+
+READ_SIZE = 65536
+
+
+class Connection:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.started = False  # the response has begun: an error can no longer be an HTTP status
+        self.gone = False  # the watcher saw end-of-file: the client left
+        self.ws: Any = None  # the WebSocket once upgraded: errors become its close
+        self.trailing = b""  # bytes after the request (a WebSocket's first frames)
+        # The endpoint family's error shape, and the status of a failed request check there
+        # (None: the check's own, 422 or 400, as our endpoints answer; the APIs say 400).
+        self.error_body: Callable[[ProtocolError], Any] = error_body
+        self.invalid_status: int | None = None
+        self.api: Any = None  # the /v1/ family: the route's wire format object
+
+    async def read_request(self, timeout: float) -> Request | None:
+        """The request, or None if the client left first; 408 if it takes over `timeout`."""
+        parser, continued = RequestParser(), False
+
+        async def read() -> Request | None:
+            nonlocal continued
+            while (request := parser.next_request()) is None:
+                if parser.expects_continue() and not continued:
+                    self.writer.write(head(100))
+                    continued = True
+                data = await self.reader.read(READ_SIZE)
+                if not data:
+                    return None
+                parser.feed(data)
+            return request
+
+        try:
+            request = await asyncio.wait_for(read(), timeout)
+        except asyncio.TimeoutError:
+            raise ProtocolError(f"the request took over {timeout:g} s to arrive", 408) from None
+        self.trailing = parser.trailing
+        return request
+
+    def problem(self, err: ProtocolError | InvalidRequest) -> ProtocolError:
+        """A failed request check as this endpoint family says it (close 1008 on a WebSocket)."""
+        if isinstance(err, ProtocolError):
+            return err
+        status = self.invalid_status or err.status
+        return ProtocolError(err.message, status, close_code=1008, kind="invalid_request", param=err.param)
+
+    async def fail(self, err: ProtocolError | InvalidRequest) -> None:
+        """The one place an error becomes what the client sees: a WebSocket close, or an HTTP
+        response in the endpoint's error shape if the response has not begun."""
+        err = self.problem(err)
+        try:
+            if self.ws is not None:
+                await self.ws.close(err.close_code, err.message)
+            elif not self.started:
+                self.writer.write(json_response(err.status, self.error_body(err), err.headers))
+                await self.writer.drain()
+        except ConnectionError:
+            pass
+
+    def write(self, data: bytes) -> None:
+        if not self.writer.transport.is_closing():
+            self.writer.write(data)
+
+    async def send(self, data: bytes, timeout: float) -> bool:
+        """Write and drain; False if the client is gone or cannot take it for `timeout` s."""
+        if self.writer.transport.is_closing():
+            return False
+        self.writer.write(data)
+        transport = self.writer.transport
+        if transport.get_write_buffer_size() < transport.get_write_buffer_limits()[1]:
+            return True  # under the high-water mark drain() would not wait: skip its timer (per event)
+        return await self.drain(timeout)
+
+    async def drain(self, timeout: float) -> bool:
+        """Wait for the written bytes to go; drop a reader that takes none for `timeout` s."""
+        try:
+            await asyncio.wait_for(self.writer.drain(), timeout)
+        except asyncio.TimeoutError:
+            self.writer.transport.abort()  # a reader that stopped reading: drop it
+            return False
+        except ConnectionError:
+            return False
+        return not self.writer.transport.is_closing()
+
+    async def watch(self, job: Any = None) -> None:
+        """End-of-file on the request side means the client closed: stop its job at once.
+        (A client that half-closes after its request looks the same: see the README.)"""
+        try:
+            while await self.reader.read(READ_SIZE):
+                pass
+        except ConnectionError:
+            pass
+        self.gone = True
+        if job is not None:
+            job.stop.set()

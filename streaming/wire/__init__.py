@@ -1,0 +1,2 @@
+"""The wire layer: bytes in, values out, and back. Nothing here imports asyncio or torch, and
+nothing does I/O; the server and the clients feed bytes in and write bytes out."""

@@ -1,0 +1,71 @@
+"""What the real APIs' wire formats share, and the shape each of them fills in.
+
+A format (openai.py, anthropic.py) is one object that knows everything its API does differently:
+its request check, its error body, its non-streaming answer, its streamed events and its words
+for why an answer ended. The /v1/ handler drives any `Format` the same way, so adding an API is
+adding a module here. The shapes follow the public references, and the official SDKs are the
+judges in tests/test_apis.py.
+
+Leaves out: tools, images, logprobs, n > 1, and the Responses API.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Protocol
+
+from streaming.wire.errors import InvalidRequest, ProtocolError
+from streaming.wire.params import GenerationParams
+
+MAX_STOPS = 4  # stop strings per request, as OpenAI allows
+
+
+class ApiRequest(NamedTuple):
+    messages: list[dict[str, str]]  # {"role", "content"}, for the model's chat template
+    params: GenerationParams
+    stream: bool
+    stop: list[str]  # stop strings
+    include_usage: bool = False  # OpenAI's stream_options.include_usage
+    obfuscation: bool = True  # OpenAI's random padding of stream chunks
+
+
+class Finish(NamedTuple):
+    """Why an answer ended, in an API's words, and the stop string that ended it, if any."""
+
+    reason: str
+    sequence: str | None = None
+
+
+class StreamEncoder(Protocol):
+    def start(self) -> bytes: ...
+    def text(self, piece: str) -> bytes: ...
+    def keep_alive(self) -> bytes: ...
+    def end(self, finish: Finish, completion_tokens: int) -> bytes: ...
+    def error(self, message: str) -> bytes: ...
+
+
+class Format(Protocol):
+    name: str
+
+    def error_body(self, err: ProtocolError) -> dict[str, Any]: ...
+    def auth_error(self) -> ProtocolError: ...
+    def parse(self, body: dict[str, Any]) -> ApiRequest: ...
+    def models(self, model_id: str) -> dict[str, Any]: ...
+    def finish(self, reason: str | None, matched: str | None) -> Finish: ...
+    def whole(self, model: str, text: str, finish: Finish, prompt_tokens: int, completion_tokens: int) -> Any: ...
+    def stream(self, model: str, request: ApiRequest, prompt_tokens: int) -> StreamEncoder: ...
+
+
+def stops(value: Any, name: str) -> list[str]:
+    """Stop strings: absent, one string, or a list of up to MAX_STOPS non-empty strings."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(s, str) and s for s in value) or len(value) > MAX_STOPS:
+        raise InvalidRequest(f"{name} must be a non-empty string or a list of up to {MAX_STOPS} of them", name)
+    return value
+
+
+def kind_of(status: int, server_error: str) -> str:
+    """The error type both APIs name by status (server_error is each API's word for a 500)."""
+    return {401: "authentication_error", 404: "not_found_error", 500: server_error}.get(status, "invalid_request_error")

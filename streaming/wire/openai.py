@@ -1,0 +1,165 @@
+"""OpenAI's Chat Completions on the wire: the request check, errors, answers and stream chunks.
+
+The shapes of the chat.completion and chat.completion.chunk objects, with `data: [DONE]` at the
+end, `stream_options.include_usage`, and the random `obfuscation` padding current chunks carry.
+Errors are {"error": {"message", "type", "param", "code"}}. Leaves out what apis.py says.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import string
+import time
+from typing import Any
+
+from streaming.wire import sse
+from streaming.wire.apis import ApiRequest, Finish, kind_of, stops
+from streaming.wire.errors import InvalidRequest, ProtocolError
+from streaming.wire.params import MAX_SEED, MAX_TOKENS, GenerationParams, number
+
+OBFUSCATION_ALPHABET = string.ascii_letters + string.digits
+ROLES = ("system", "developer", "user", "assistant")
+
+
+def chat_of(messages: Any) -> list[dict[str, str]]:
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("messages must be a non-empty list", "messages")
+    chat = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            raise InvalidRequest(
+                f"messages[{i}].role must be system, developer, user or assistant", f"messages[{i}].role"
+            )
+        content = m.get("content")
+        if isinstance(content, list):  # content parts: text only
+            if not all(
+                isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
+            ):
+                raise InvalidRequest(f"messages[{i}].content: only text parts are supported", f"messages[{i}].content")
+            content = "".join(p["text"] for p in content)
+        if not isinstance(content, str):
+            raise InvalidRequest(f"messages[{i}].content must be a string or text parts", f"messages[{i}].content")
+        chat.append({"role": "system" if m["role"] == "developer" else m["role"], "content": content})
+    if not any(m["content"] for m in chat):
+        raise InvalidRequest("the messages are empty", "messages")
+    return chat
+
+
+class OpenAI:
+    name = "openai"
+
+    def error_body(self, err: ProtocolError) -> dict[str, Any]:
+        kind = kind_of(err.status, "server_error")
+        return {"error": {"message": err.message, "type": kind, "param": err.param, "code": err.code}}
+
+    def auth_error(self) -> ProtocolError:
+        return ProtocolError("invalid or missing API key", 401, code="invalid_api_key")
+
+    def parse(self, body: dict[str, Any]) -> ApiRequest:
+        """A chat.completions request body, checked; raises InvalidRequest naming the param."""
+        chat = chat_of(body.get("messages"))
+        n = body.get("max_completion_tokens", body.get("max_tokens"))
+        params = GenerationParams(
+            max_tokens=number({"max_tokens": n}, "max_tokens", 256, 1, MAX_TOKENS, True, none_is_default=True),
+            seed=number(body, "seed", 0, 0, MAX_SEED, True, none_is_default=True),
+            temperature=number(body, "temperature", 1.0, 0, 2, none_is_default=True),
+            top_p=number(body, "top_p", 1.0, 1e-6, 1, none_is_default=True),
+            ignore_eos=body.get("ignore_eos") is True,  # vLLM's extension, for measurements
+        )
+        options = body.get("stream_options") or {}
+        if not isinstance(options, dict):
+            raise InvalidRequest("stream_options must be an object", "stream_options")
+        return ApiRequest(
+            chat,
+            params,
+            stream=body.get("stream") is True,
+            stop=stops(body.get("stop"), "stop"),
+            include_usage=options.get("include_usage") is True,
+            obfuscation=options.get("include_obfuscation", True) is not False,
+        )
+
+    def models(self, model_id: str) -> dict[str, Any]:
+        return {"id": model_id, "object": "model", "created": 0, "owned_by": "streaming-tokens"}
+
+    def finish(self, reason: str | None, matched: str | None) -> Finish:
+        return Finish("length" if reason == "length" and matched is None else "stop")
+
+    def whole(self, model: str, text: str, finish: Finish, prompt_tokens: int, completion_tokens: int) -> Any:
+        return {
+            "id": "chatcmpl-" + secrets.token_hex(12),
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "system_fingerprint": None,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "logprobs": None,
+                    "finish_reason": finish.reason,
+                }
+            ],
+            "usage": usage(prompt_tokens, completion_tokens),
+        }
+
+    def stream(self, model: str, request: ApiRequest, prompt_tokens: int) -> OpenAIStream:
+        return OpenAIStream(model, prompt_tokens, request.include_usage, request.obfuscation)
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+class OpenAIStream:
+    """The chat.completion.chunk events of one answer, as bytes."""
+
+    def __init__(self, model: str, prompt_tokens: int = 0, include_usage: bool = False, obfuscation: bool = True):
+        self.id = "chatcmpl-" + secrets.token_hex(12)
+        self.created = int(time.time())
+        self.model, self.prompt_tokens = model, prompt_tokens
+        self.include_usage, self.obfuscation = include_usage, obfuscation
+
+    def chunk(self, choices: list[Any], usage: dict[str, int] | None = None, final_usage: bool = False) -> bytes:
+        value: dict[str, Any] = {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+        }
+        value["system_fingerprint"] = None
+        value["choices"] = choices
+        if self.include_usage:
+            value["usage"] = usage if final_usage else None
+        if self.obfuscation:
+            # Random-length padding, so an eavesdropper can't read token lengths off encrypted sizes.
+            value["obfuscation"] = "".join(
+                secrets.choice(OBFUSCATION_ALPHABET) for _ in range(secrets.randbelow(16) + 1)
+            )
+        return sse.event(json.dumps(value, separators=(",", ":")))
+
+    def start(self) -> bytes:
+        return self.chunk(
+            [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]
+        )
+
+    def text(self, piece: str) -> bytes:
+        return self.chunk([{"index": 0, "delta": {"content": piece}, "logprobs": None, "finish_reason": None}])
+
+    def keep_alive(self) -> bytes:
+        return sse.comment("ping")  # OpenAI's clients ignore comments
+
+    def end(self, finish: Finish, completion_tokens: int) -> bytes:
+        out = self.chunk([{"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish.reason}])
+        if self.include_usage:
+            out += self.chunk([], usage(self.prompt_tokens, completion_tokens), final_usage=True)
+        return out + sse.DONE
+
+    def error(self, message: str) -> bytes:
+        """A failure after the 200: a data event with an `error` member, which the SDK raises."""
+        body = {"error": {"message": message, "type": "server_error", "param": None, "code": None}}
+        return sse.event(json.dumps(body))

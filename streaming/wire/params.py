@@ -1,0 +1,96 @@
+"""A request's generation parameters, checked once, as one frozen value every layer passes on.
+
+`GenerationParams` is what the engines and `lm.tokens` take; `number()` and `flag()` are the one
+validator of a JSON member, shared by our own request format (`plain_request`, here) and the
+APIs' (openai.py, anthropic.py). A failed check raises `InvalidRequest` naming the field.
+
+Leaves out: the prompt's encoding into token ids and the context check, which need the model's
+tokenizer (streaming.generation.prompts).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from streaming.wire.errors import InvalidRequest
+
+MAX_TOKENS = 4096  # per request: past it a check fails. Bounds one request's KV cache and time.
+DEFAULT_MAX_TOKENS = 100  # the article's
+MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes a 64-bit integer
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    seed: int = 0
+    temperature: float = 1.0  # 0 is greedy
+    top_p: float = 0.9
+    ignore_eos: bool = False  # vLLM's extension: exactly max_tokens, for measurements
+
+
+class PlainRequest(NamedTuple):
+    """A request in our own format (/complete, /stream, /ws): the prompt and its parameters."""
+
+    prompt: str
+    params: GenerationParams
+
+
+def number(
+    body: dict[str, Any],
+    name: str,
+    default: Any,
+    low: float,
+    high: float,
+    integer: bool = False,
+    none_is_default: bool = False,
+) -> Any:
+    """The member `name` of a JSON object, checked to lie in [low, high] (an integer if asked);
+    `default` when absent (or null, where an API allows that)."""
+    value = body.get(name, default)
+    if value is None and none_is_default:
+        return default
+    number = isinstance(value, int) or (isinstance(value, float) and not integer)
+    if isinstance(value, bool) or not number or not low <= value <= high:
+        raise InvalidRequest(f"{name} must be {'an integer' if integer else 'a number'} from {low} to {high}", name)
+    return value
+
+
+def flag(body: dict[str, Any], name: str) -> bool:
+    """A boolean member, false when absent."""
+    value = body.get(name, False)
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"{name} must be true or false", name)
+    return value
+
+
+def plain_request(body: dict[str, Any]) -> PlainRequest:
+    """Check a request in our format ({"prompt", "max_tokens", "seed", "temperature", "top_p",
+    "ignore_eos"}); raise InvalidRequest (400 for a missing prompt, else 422)."""
+    prompt = body.get("prompt")
+    if not isinstance(prompt, str):
+        raise InvalidRequest("prompt must be a string", "prompt", 422 if "prompt" in body else 400)
+    if not prompt:
+        raise InvalidRequest("prompt must not be empty", "prompt")
+    params = GenerationParams(
+        max_tokens=number(body, "max_tokens", DEFAULT_MAX_TOKENS, 1, MAX_TOKENS, integer=True),
+        seed=number(body, "seed", 0, 0, MAX_SEED, integer=True),
+        temperature=number(body, "temperature", 1.0, 0, 100),
+        top_p=number(body, "top_p", 0.9, 1e-6, 1.0),
+        ignore_eos=flag(body, "ignore_eos"),
+    )
+    return PlainRequest(prompt, params)
+
+
+def query_body(query: dict[str, str]) -> dict[str, Any]:
+    """A GET request's parameters (`?prompt=...&max_tokens=20`) as the JSON body a POST sends:
+    every value but the prompt read as JSON (numbers, true/false), else kept as text for
+    plain_request to reject."""
+    body: dict[str, Any] = {}
+    for name, value in query.items():
+        try:
+            body[name] = value if name == "prompt" else json.loads(value)
+        except ValueError:
+            body[name] = value
+    return body
