@@ -12,7 +12,7 @@ otherwise start by hand: the server, the same server with --naive, the buffering
 honoring proxy, each a child process on a free port, waited for until it answers and stopped on
 any exit. It runs `client.py measure`, every experiment, checks the article's conclusions on our
 numbers, and saves results/experiments.json and results/timeline.png. `nginx` runs the path
-through Debian's nginx (nginxctl.py): honoring X-Accel-Buffering and told to ignore it, a reader
+through Debian's nginx (streaming/nginxctl.py): honoring X-Accel-Buffering and told to ignore it, a reader
 leaving, a /ws stop, and an idle timeout with and without keep-alive pings; it saves
 results/nginx.json. `page` saves a screenshot of the browser page mid-stream (results/page.png).
 """
@@ -80,7 +80,7 @@ async def proxy(port, host=None):
     return r
 
 
-# --- `nginx`: the same path through a real nginx (nginxctl.py, nginx/streaming.conf) -----------
+# --- `nginx`: the same path through a real nginx (streaming/nginxctl.py, nginx/streaming.conf) -
 
 QUIET_S = 4.0  # nginx case (d): seconds of silence before the first token, as a long prompt's prefill
 READ_TIMEOUT = "2s"  # nginx case (d): proxy_read_timeout, shorter than that silence

@@ -23,8 +23,15 @@ import lm
 from streaming.generation.engine import MAX_BATCH, PREFILL_CHUNK
 from streaming.generation.runner import ENGINES
 from streaming.server.app import serve
-from streaming.server.config import PING_SECONDS, WRITE_TIMEOUT, Config
-from streaming.server.streams import GRACE_SECONDS, KEEP_COUNT, KEEP_SECONDS
+from streaming.server.config import (
+    BACKLOG,
+    BODY_MEMORY,
+    PING_SECONDS,
+    SHUTDOWN_GRACE,
+    WRITE_TIMEOUT,
+    Config,
+)
+from streaming.server.streams import GRACE_SECONDS, KEEP_COUNT, KEEP_SECONDS, ORPHANS
 from streaming.wire.http11 import REQUEST_TIMEOUT
 
 
@@ -52,7 +59,22 @@ def parse_args(argv=None):
     p.add_argument(
         "--allow-origin", action="append", default=[], help="a browser Origin allowed to open /ws (repeat; * for any)"
     )
-    p.add_argument("--api-key", default=None, help="require this key on /v1/ (Authorization: Bearer, or x-api-key)")
+    p.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        help="a Host name accepted besides the loopback's (repeat; * for any)",
+    )
+    p.add_argument(
+        "--api-key", default=None, help="require this key on every endpoint but the page (Bearer, x-api-key, ?api_key=)"
+    )
+    p.add_argument("--backlog", type=int, default=BACKLOG, help="connections queued before accept")
+    p.add_argument(
+        "--max-body-memory", type=int, default=BODY_MEMORY, help="bytes all arriving bodies may hold: 503 past it"
+    )
+    p.add_argument(
+        "--shutdown-grace", type=float, default=SHUTDOWN_GRACE, help="on SIGTERM, let answers finish for S s"
+    )
     p.add_argument("--token-delay", type=float, default=0.0, help="testing: sleep S s after each token")
     p.add_argument("--fail-after", type=int, default=None, help="testing: fail generation after N tokens")
     p.add_argument("--first-delay", type=float, default=0.0, help="testing: S s of silence before the first token")
@@ -64,6 +86,9 @@ def parse_args(argv=None):
     )
     p.add_argument("--resume-keep", type=float, default=KEEP_SECONDS, help="keep an ended stream S s for resuming")
     p.add_argument("--resume-streams", type=int, default=KEEP_COUNT, help="keep at most N ended streams")
+    p.add_argument(
+        "--resume-orphans", type=int, default=ORPHANS, help="live streams with no reader: past N the oldest stops"
+    )
     args = p.parse_args(argv)
     if args.queue and args.engine == "batched":
         p.error("--queue bounds a generation thread; use it with --engine thread")
@@ -76,7 +101,8 @@ def config_of(args):
     """The server's settings from parsed options (the model's go to lm.configure)."""
     names = Config.__dataclass_fields__
     values = {k: v for k, v in vars(args).items() if k in names}
-    return Config(**dict(values, allow_origin=tuple(args.allow_origin)))
+    values.update(allow_origin=tuple(args.allow_origin), allow_host=tuple(args.allow_host))
+    return Config(**dict(values, body_memory=args.max_body_memory))
 
 
 def main(argv=None):

@@ -1,7 +1,7 @@
 """Many readers at once: the load benchmark of the batched engine, the thread engine and a peer.
 
-    python bench.py load [--model bundled] [--dtype bfloat16] [--ns 1,4,16,32,48,64] [--no-peer]
-    python bench.py profile [--model bundled] [--dtype float32]     # where a step's time goes
+    python scripts/bench.py load [--model bundled] [--dtype bfloat16] [--ns 1,4,16,32,48,64] [--no-peer]
+    python scripts/bench.py profile [--model bundled] [--dtype float32]     # where a step's time goes
 
 For each server (this one with --engine batched, this one with --engine thread, and the peer
 `transformers serve --continuous-batching`), one after the other on the same model, dtype and

@@ -1,7 +1,7 @@
 """What one streamed piece of text, "Two", costs on the wire in different formats.
 
-    python event_bytes.py                 # the article's static table
-    python event_bytes.py --live [--port P] [--model M]
+    python scripts/event_bytes.py              # the article's static table
+    python scripts/event_bytes.py --live [--port P] [--model M]
 
 The article's event_bytes.py: compact JSON; the Anthropic event is the documented example's
 shape; the OpenAI chunk has the fields of the example in OpenAI's cookbook (current chunks also
@@ -51,7 +51,7 @@ ARTICLE = {"ours_sse": len(ours), "anthropic": len(anthropic), "openai": len(ope
 
 
 def one_event(model_id):
-    """One event carrying `text`, from the encoders server.py writes with."""
+    """One event carrying `text`, from the encoders the server writes with (streaming.wire)."""
     from streaming.wire import sse, websocket
     from streaming.wire.anthropic import AnthropicStream
     from streaming.wire.openai import OpenAIStream

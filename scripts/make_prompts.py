@@ -1,7 +1,7 @@
 """Write prompts.json from the 20 original paragraphs below: prompt = first 200 characters.
 
 The paragraphs were written for this project (not copied from anywhere). Run it again after
-editing one: python tools/make_prompts.py
+editing one: python scripts/make_prompts.py
 """
 
 import json

@@ -66,6 +66,8 @@ def http(port, method, path, body=None, headers=()):
     head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
     head += "".join(f"{k}: {v}\r\n" for k, v in headers)
     if body is not None:
+        if not any(k.lower() == "content-type" for k, _ in headers):
+            head += "Content-Type: application/json\r\n"
         head += f"Content-Length: {len(data)}\r\n"
     return raw_request(port, head.encode() + b"\r\n" + data)
 
@@ -115,10 +117,12 @@ class WSClient:
     """A raw WebSocket client over the project's sans-I/O Session (masks its frames, answers
     pings, echoes the close); `send_frame` and `send_raw` put any bytes on the wire."""
 
-    def __init__(self, port, extra_headers=(), timeout=30):
+    def __init__(self, port, extra_headers=(), timeout=30, path="/ws"):
         self.sock = connect(port, timeout)
         key = ws.new_key()
-        self.sock.sendall(ws.client_handshake(f"127.0.0.1:{port}", key, headers=extra_headers))
+        host = next((v for k, v in extra_headers if k.lower() == "host"), f"127.0.0.1:{port}")
+        extra = [(k, v) for k, v in extra_headers if k.lower() != "host"]
+        self.sock.sendall(ws.client_handshake(host, key, path, extra))
         reader = ResponseReader()
         while (head := reader.next_event()) is None:
             data = self.sock.recv(65536)

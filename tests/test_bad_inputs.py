@@ -13,7 +13,8 @@ H = b"Host: 127.0.0.1\r\n"
 
 def post(path, body, extra=b""):
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return b"POST %s HTTP/1.1\r\n" % path + H + extra + b"Content-Length: %d\r\n\r\n" % len(data) + data
+    head = b"POST %s HTTP/1.1\r\n" % path + H + b"Content-Type: application/json\r\n" + extra
+    return head + b"Content-Length: %d\r\n\r\n" % len(data) + data
 
 
 HTTP_CASES = [

@@ -110,7 +110,9 @@ async def through_proxy(honor, header_lines, chunks, gap=0.01, leave_after=None)
     )
     px = await asyncio.start_server(lambda r, w: proxy.handle(r, w, args), "127.0.0.1", 0)
     r, w = await asyncio.open_connection("127.0.0.1", px.sockets[0].getsockname()[1])
-    w.write(b"POST /stream HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+    w.write(
+        b"POST /stream HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+    )
     reads = []
     while data := await r.read(65536):
         reads.append(data)

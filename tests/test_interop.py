@@ -74,7 +74,7 @@ def test_http_client_reads_complete_and_stream(port):
     assert r.status == 200 and json.loads(r.read())["text"] == text
     conn.close()
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    conn.request("POST", "/stream", json.dumps(REQUEST))
+    conn.request("POST", "/stream", json.dumps(REQUEST), {"Content-Type": "application/json"})
     r = conn.getresponse()
     assert r.status == 200 and r.getheader("X-Accel-Buffering") == "no"
     body = r.read()  # no length, no chunks: read until the server closes

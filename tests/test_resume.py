@@ -90,7 +90,7 @@ def test_a_reader_who_drops_resumes_with_last_event_id_and_nothing_is_generated_
     port = servers["resuming"].port
     before = len(server_log(port))
     s = connect(port)
-    s.sendall(f"GET {QUERY} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    s.sendall(f"GET {QUERY} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
     first, _ = read_events(s, 11)  # the stream's name and 10 pieces
     s.close()  # the network blinks
     time.sleep(0.3)
@@ -138,7 +138,7 @@ def test_nobody_coming_back_stops_generation_after_the_grace_period(servers):
     port = servers["resuming"].port
     before = len(server_log(port))
     s = connect(port)
-    s.sendall(b"GET /stream?prompt=Hello&max_tokens=4000&ignore_eos=true HTTP/1.1\r\nHost: x\r\n\r\n")
+    s.sendall(b"GET /stream?prompt=Hello&max_tokens=4000&ignore_eos=true HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     read_events(s, 6)
     s.close()
     t0 = time.monotonic()
@@ -152,7 +152,7 @@ def test_post_stop_stops_a_resumable_stream_at_once(servers):
     port = servers["resuming"].port
     before, m0 = len(server_log(port)), metrics(port)
     s = connect(port)
-    s.sendall(b"GET /stream?prompt=Hello&max_tokens=4000&ignore_eos=true HTTP/1.1\r\nHost: x\r\n\r\n")
+    s.sendall(b"GET /stream?prompt=Hello&max_tokens=4000&ignore_eos=true HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     evs, _ = read_events(s, 6)
     stream = json.loads(evs[0].data)["id"]
     status, _, body = http(port, "POST", "/stop", {"id": stream})
@@ -172,7 +172,7 @@ def test_post_stop_stops_a_resumable_stream_at_once(servers):
 def test_two_readers_of_one_stream_both_get_it_all(servers):
     port = servers["resuming"].port
     s = connect(port)
-    s.sendall(f"GET {QUERY} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    s.sendall(f"GET {QUERY} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
     evs, _ = read_events(s, 3)
     _, _, other = get(port, "/stream", [("Last-Event-ID", evs[0].id)])
     mine = events(split_response(b"HTTP/1.1 200 OK\r\n\r\n" + read_all(s))[2])

@@ -80,7 +80,11 @@ def read_events_then_leave(port, request, n):
 
     s = connect(port)
     body = json.dumps(request).encode()
-    s.sendall(b"POST /stream HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    s.sendall(
+        b"POST /stream HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+        % len(body)
+        + body
+    )
     parser, buf, got = EventParser(), b"", 0
     while got < n:
         data = s.recv(65536)
@@ -119,7 +123,11 @@ def test_complete_client_leaving_stops_generation(servers, name, most):
     before = len(server_log(port))
     s = connect(port)
     body = json.dumps({"prompt": "Hello", "max_tokens": 100}).encode()
-    s.sendall(b"POST /complete HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    s.sendall(
+        b"POST /complete HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+        % len(body)
+        + body
+    )
     time.sleep(0.2)
     s.close()
     path, generated, left = wait_for_log(port, before + 1, timeout=60)[-1]
@@ -247,7 +255,8 @@ def test_expect_100_continue(servers):
     body = json.dumps({"prompt": "Hi", "max_tokens": 2}).encode()
     with connect(port) as s:
         s.sendall(
-            b"POST /complete HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(body)
+            b"POST /complete HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n"
+            % len(body)
         )
         assert s.recv(100) == b"HTTP/1.1 100 Continue\r\n\r\n"
         s.sendall(body)
@@ -258,7 +267,9 @@ def test_expect_100_continue(servers):
 def test_a_slow_request_gets_408(servers):
     port = servers["failing"].port  # started with --request-timeout 1
     with connect(port) as s:
-        s.sendall(b"POST /complete HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        s.sendall(
+            b"POST /complete HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+        )
         status, _, body = split_response(read_all(s))
     assert status == 408 and json.loads(body)["error"]["status"] == 408
 
@@ -266,7 +277,7 @@ def test_a_slow_request_gets_408(servers):
 def test_shutdown_closes_websockets_with_1001_and_stops_generation():
     from helpers import ServerProcess
 
-    s = ServerProcess("--token-delay", "0.05").wait()
+    s = ServerProcess("--token-delay", "0.05", "--shutdown-grace", "0.5").wait()  # then the rest end
     try:
         c = WSClient(s.port)
         c.send_json({"prompt": "Hello", "max_tokens": 1000})
@@ -307,7 +318,11 @@ def test_a_client_that_stops_reading_is_dropped_after_the_write_timeout():
         c.setblocking(False)
         await asyncio.get_running_loop().sock_connect(c, ("127.0.0.1", port))
         body = json.dumps({"prompt": "Hi", "max_tokens": 4096}).encode()
-        c.send(b"POST /stream HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        c.send(
+            b"POST /stream HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+            % len(body)
+            + body
+        )
         for _ in range(1200):  # at most 60 s
             if srv.log:
                 break

@@ -103,8 +103,7 @@ class Engine:
             with self.lock:
                 while not (self.rows or self.joining or self.ready()):
                     self.lock.wait(0.05 if self.waiting else None)
-                while self.ready() and len(self.rows) + len(self.joining) < self.max_batch:
-                    row = self.waiting.popleft()
+                while len(self.rows) + len(self.joining) < self.max_batch and (row := self.admit()):
                     row.job.begin()
                     self.joining.append(row)
             try:
@@ -127,10 +126,26 @@ class Engine:
                 self.joining.clear()
 
     def ready(self):
-        return bool(self.waiting) and self.waiting[0].not_before <= time.monotonic()
+        return any(r.not_before <= time.monotonic() for r in self.waiting)
+
+    def admit(self):
+        """The next waiting row whose time has come, in order, those with a reader first."""
+        now = time.monotonic()
+        ready = [r for r in self.waiting if r.not_before <= now]
+        if not ready:
+            return None
+        row = next((r for r in ready if not r.job.orphaned), ready[0])
+        self.waiting.remove(row)
+        return row
 
     def drop_stopped(self):
-        """The once-per-step check of every stop flag."""
+        """The once-per-step check of every stop flag (a waiting row's too: it leaves its place)."""
+        with self.lock:
+            gone = [row for row in self.waiting if row.job.stop.is_set()]
+            for row in gone:
+                self.waiting.remove(row)
+        for row in gone:
+            self.end(row, "stopped")
         for row in list(self.joining):
             if row.job.stop.is_set():
                 self.joining.remove(row)

@@ -73,6 +73,7 @@ class Job:
         self.ended = threading.Event()  # the producing side has finished with this job
         self.detok: Any = None  # the job's own incremental detokenizer, made on the producing side
         self.ends: set[int] = set()  # token ids that end an answer (lm.stop_ids())
+        self.orphaned = False  # nobody reads it now (a resumable stream between readers): served last
 
     def start(self) -> Job:
         """Begin producing (in a subclass), counted as active until it ends."""

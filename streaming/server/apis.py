@@ -29,23 +29,13 @@ def model_id() -> str:
     return {"bundled": lm.BUNDLED_NAME.removesuffix("-q4_k_m")}.get(name, name)
 
 
-def check_key(srv: Server, fmt: Format, request: Request) -> None:
-    if srv.config.api_key:
-        auth = request.headers.get("authorization", "")
-        given = auth[7:] if auth.lower().startswith("bearer ") else request.headers.get("x-api-key")
-        if given != srv.config.api_key:
-            raise fmt.auth_error()
-
-
-async def models(srv: Server, conn: Connection, request: Request) -> None:
+async def models(_srv: Server, conn: Connection, _request: Request) -> None:
     fmt: Format = conn.api  # the route's format (app.ROUTES)
-    check_key(srv, fmt, request)
     conn.write(json_response(200, {"object": "list", "data": [fmt.models(model_id())]}))
 
 
 async def answer(srv: Server, conn: Connection, request: Request) -> None:
     fmt: Format = conn.api  # the route's format (app.ROUTES)
-    check_key(srv, fmt, request)
     api = fmt.parse(request.json())
     ids = await asyncio.to_thread(encode_chat, api.messages, api.params)
     job = srv.job(ids, api.params)
@@ -75,6 +65,8 @@ async def whole(srv: Server, conn: Connection, path: str, fmt: Format, api: ApiR
             watcher.cancel()
         produced = await job.done
         srv.record(path, produced, conn.gone)
+    if cut := srv.cut_short(job):
+        raise cut
     value = fmt.whole(model_id(), "".join(parts), fmt.finish(job.reason, matcher.matched), prompt, produced)
     if not conn.gone:
         conn.write(json_response(200, value))
@@ -82,6 +74,7 @@ async def whole(srv: Server, conn: Connection, path: str, fmt: Format, api: ApiR
 
 async def stream(srv: Server, conn: Connection, path: str, fmt: Format, api: ApiRequest, job: Any, prompt: int) -> None:
     enc = fmt.stream(model_id(), api, prompt)
+    conn.streaming()
     conn.write(SSE_HEAD)
     conn.started = True
     watcher = srv.watcher(conn, job)
@@ -97,7 +90,8 @@ async def stream(srv: Server, conn: Connection, path: str, fmt: Format, api: Api
     produced = await job.done
     left = left or conn.gone
     if end is None:
-        end = enc.end(fmt.finish(job.reason, matcher.matched), produced)
+        cut = srv.cut_short(job)
+        end = enc.error(cut.message) if cut else enc.end(fmt.finish(job.reason, matcher.matched), produced)
     if not left:
         await conn.send(end, srv.config.write_timeout)
     srv.record(path, produced, left)

@@ -20,7 +20,8 @@ from streaming.generation.job import Job
 from streaming.generation.runner import Runner
 from streaming.server import apis, info, plain, resumable, websocket
 from streaming.server.config import Config
-from streaming.server.connection import Connection
+from streaming.server.connection import Budget, Connection
+from streaming.server.guard import allowed_hosts, check_host, check_json, check_key
 from streaming.server.streams import Store
 from streaming.wire.anthropic import Anthropic
 from streaming.wire.errors import InvalidRequest, ProtocolError
@@ -28,6 +29,8 @@ from streaming.wire.openai import OpenAI
 from streaming.wire.params import GenerationParams
 
 SHUTDOWN_JOIN = 5.0  # seconds to wait for generation to end at shutdown
+SHUTDOWN_END = 5.0  # seconds the answers still running after the grace have to write their end
+SHUTTING_DOWN = "the server is shutting down"
 Handler = Callable[["Server", Connection, Any], Awaitable[None]]
 
 
@@ -35,10 +38,11 @@ class Route(NamedTuple):
     methods: tuple[str, ...]
     handler: Handler
     api: Any = None  # a wire format object: the /v1/ family's error shape and encoders
+    open: bool = False  # answered without the API key (the page)
 
 
 ROUTES = {
-    "/": Route(("GET",), info.page),  # the browser page (page.html)
+    "/": Route(("GET",), info.page, open=True),  # the browser page (page.html)
     "/complete": Route(("POST",), plain.complete),
     "/stream": Route(("POST", "GET"), plain.stream),  # GET ?prompt=...: EventSource's way, resumable
     "/stop": Route(("POST",), resumable.stop),  # {"id": stream}: stop a resumable stream now
@@ -57,10 +61,13 @@ class Server:
         self.runner = runner or Runner(config.engine, config.job_settings(), config.max_batch, config.prefill_chunk)
         self.log: list[list[Any]] = []  # [path, generated tokens, client left early], one per finished request
         self.connections: set[asyncio.Task[Any]] = set()  # handler tasks
-        self.websockets: set[Any] = set()  # open WebSocket sessions, closed with 1001 at shutdown
         self.served = 0
-        self.streams = Store(config.resume_streams, config.resume_keep)  # resumable streams
+        self.streams = Store(config.resume_streams, config.resume_keep, config.resume_orphans)  # resumable
         self.pumps: set[asyncio.Task[Any]] = set()  # their tasks, which outlive their readers
+        self.bodies = Budget(config.body_memory)  # request bodies still arriving, all together
+        self.port = config.port  # the listening port, once known (serve)
+        self.hosts = allowed_hosts(config.host, config.allow_host)
+        self.closing = False  # shutdown: the grace is over, answers still running end with an error
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -68,7 +75,7 @@ class Server:
         self.connections.add(task)
         conn = Connection(reader, writer)
         try:
-            request = await conn.read_request(self.config.request_timeout)
+            request = await conn.read_request(self.config.request_timeout, self.bodies)
             if request is not None:
                 self.served += 1
                 await self.dispatch(conn, request)
@@ -92,6 +99,7 @@ class Server:
                 pass
 
     async def dispatch(self, conn: Connection, request: Any) -> None:
+        check_host(request, self.hosts, self.port)
         route = ROUTES.get(request.path)
         if route is None:
             raise ProtocolError(f"no such path: {request.path}", 404)
@@ -100,6 +108,9 @@ class Server:
         if request.method not in route.methods:
             allow = ", ".join(route.methods)
             raise ProtocolError(f"{request.path} takes {' or '.join(route.methods)}", 405, headers=[("Allow", allow)])
+        if not route.open:
+            check_key(request, self.config.api_key)
+        check_json(request)
         await route.handler(self, conn, request)
 
     def job(self, ids: list[int], params: GenerationParams) -> Job:
@@ -178,19 +189,35 @@ class Server:
         }
 
     async def shutdown(self, listener: asyncio.Server) -> None:
+        """Drain: accept no more; let the answers in flight finish for --shutdown-grace seconds;
+        then stop the rest, which end as their endpoint says an error (an error event, a 503, a
+        close 1001) and are logged; cancel only what still runs after that."""
         listener.close()
+        busy = set(self.connections) | set(self.pumps)
+        if busy:
+            await asyncio.wait(busy, timeout=self.config.shutdown_grace)
+        self.closing = True
         self.runner.stop_all()
-        await asyncio.gather(*(s.close(1001, "server shutting down") for s in list(self.websockets)))
+        busy = set(self.connections) | set(self.pumps)
+        if busy:
+            await asyncio.wait(busy, timeout=SHUTDOWN_END)
         for task in list(self.connections) + list(self.pumps):
             task.cancel()
         await asyncio.gather(*self.connections, *self.pumps, return_exceptions=True)
         await self.runner.wait_all(SHUTDOWN_JOIN)
 
+    def cut_short(self, job: Job) -> ProtocolError | None:
+        """The error to end the answer with if the shutdown stopped its job, else None."""
+        if self.closing and job.reason == "stopped":
+            return ProtocolError(SHUTTING_DOWN, 503, close_code=1001, kind="shutting_down")
+        return None
+
 
 async def serve(config: Config) -> None:
     srv = Server(config)
-    listener = await asyncio.start_server(srv.handle, config.host, config.port)  # asyncio sets TCP_NODELAY
-    port = listener.sockets[0].getsockname()[1]
+    # asyncio sets TCP_NODELAY on every connection
+    listener = await asyncio.start_server(srv.handle, config.host, config.port, backlog=config.backlog)
+    port = srv.port = listener.sockets[0].getsockname()[1]
     print(f"listening on http://{config.host}:{port}{' (naive)' if config.naive else ''}", flush=True)
     done = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -10,11 +10,14 @@ from dataclasses import dataclass
 
 from streaming.generation.engine import MAX_BATCH, PREFILL_CHUNK
 from streaming.generation.job import Settings
-from streaming.server.streams import GRACE_SECONDS, KEEP_COUNT, KEEP_SECONDS
+from streaming.server.streams import GRACE_SECONDS, KEEP_COUNT, KEEP_SECONDS, ORPHANS
 from streaming.wire.http11 import REQUEST_TIMEOUT
 
 WRITE_TIMEOUT = 30.0  # seconds a write may wait for a reader before it is dropped
 PING_SECONDS = 15.0  # a keep-alive after this long without an event: under proxies' 60 s idle timeouts
+BACKLOG = 1024  # connections the kernel queues before accept: asyncio's 100 drops a burst's connects
+BODY_MEMORY = 64 * 1024 * 1024  # bytes all request bodies still arriving may hold together: 503 past it
+SHUTDOWN_GRACE = 30.0  # seconds in-flight answers may take to finish after SIGTERM
 
 
 @dataclass(frozen=True)
@@ -30,7 +33,11 @@ class Config:
     ping: float = PING_SECONDS
     request_timeout: float = REQUEST_TIMEOUT
     allow_origin: tuple[str, ...] = ()  # browser Origins allowed to open /ws (* for any)
-    api_key: str | None = None  # required on /v1/ when set
+    allow_host: tuple[str, ...] = ()  # Host names accepted besides the loopback's (* for any)
+    api_key: str | None = None  # required on every endpoint but the page when set
+    backlog: int = BACKLOG
+    body_memory: int = BODY_MEMORY
+    shutdown_grace: float = SHUTDOWN_GRACE
     token_delay: float = 0.0  # testing: sleep S s after each token
     fail_after: int | None = None  # testing: fail generation after N tokens
     first_delay: float = 0.0  # testing: S s of silence before the first token
@@ -38,6 +45,7 @@ class Config:
     resume_grace: float = GRACE_SECONDS
     resume_keep: float = KEEP_SECONDS
     resume_streams: int = KEEP_COUNT
+    resume_orphans: int = ORPHANS
 
     def job_settings(self) -> Settings:
         return Settings(self.queue, self.token_delay, self.fail_after, self.first_delay)

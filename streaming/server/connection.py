@@ -9,6 +9,7 @@ Leaves out: keep-alive (one request a connection) and TLS.
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +17,26 @@ from streaming.wire.errors import InvalidRequest, ProtocolError, error_body
 from streaming.wire.http11 import Request, RequestParser, head, json_response
 
 READ_SIZE = 65536
+STREAM_SNDBUF = (
+    16 * 1024
+)  # a stream's kernel send buffer (Linux doubles it): with the reader's ~100 KB, what a non-reader absorbs
+STREAM_HIGH_WATER = 16 * 1024  # a stream's transport buffer past which a write waits (asyncio's is 64 KiB)
+
+
+class Budget:
+    """Bytes that all connections together may hold for one purpose (bodies still arriving)."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.used = total, 0
+
+    def take(self, n: int) -> bool:
+        if self.used + n > self.total:
+            return False
+        self.used += n
+        return True
+
+    def give(self, n: int) -> None:
+        self.used -= n
 
 
 class Connection:
@@ -31,13 +52,21 @@ class Connection:
         self.invalid_status: int | None = None
         self.api: Any = None  # the /v1/ family: the route's wire format object
 
-    async def read_request(self, timeout: float) -> Request | None:
-        """The request, or None if the client left first; 408 if it takes over `timeout`."""
-        parser, continued = RequestParser(), False
+    async def read_request(self, timeout: float, bodies: Budget) -> Request | None:
+        """The request, or None if the client left first; 408 if it takes over `timeout`; 503 if
+        its body does not fit what `bodies` has left (it is reserved while the body arrives)."""
+        parser, continued, reserved = RequestParser(), False, 0
 
         async def read() -> Request | None:
-            nonlocal continued
+            nonlocal continued, reserved
             while (request := parser.next_request()) is None:
+                if parser.head is not None and not reserved:
+                    reserved = int(parser.head.headers.get("content-length", "0")) or -1
+                    if reserved > 0 and not bodies.take(reserved):
+                        reserved = -1
+                        raise ProtocolError(
+                            "too many request bodies are arriving; try again", 503, headers=[("Retry-After", "1")]
+                        )
                 if parser.expects_continue() and not continued:
                     self.writer.write(head(100))
                     continued = True
@@ -51,8 +80,29 @@ class Connection:
             request = await asyncio.wait_for(read(), timeout)
         except asyncio.TimeoutError:
             raise ProtocolError(f"the request took over {timeout:g} s to arrive", 408) from None
+        finally:
+            if reserved > 0:
+                bodies.give(reserved)
         self.trailing = parser.trailing
         return request
+
+    def streaming(self) -> None:
+        """This connection carries a stream: small buffers, so that a reader who reads nothing
+        fills them soon and the write timeout drops it (else the kernel grows the send buffer to
+        megabytes, and no write ever waits)."""
+        sock = self.writer.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, STREAM_SNDBUF)
+        transport = self.writer.transport
+        transport.set_write_buffer_limits(high=min(STREAM_HIGH_WATER, transport.get_write_buffer_limits()[1]))
+
+    async def backpressure(self, timeout: float) -> bool:
+        """Before reading more from a peer: if what we owe it is over the mark, wait for it to read
+        (at most `timeout`, then drop it). Answers to a flood of pings cannot pile up unread."""
+        transport = self.writer.transport
+        if transport.get_write_buffer_size() < transport.get_write_buffer_limits()[1]:
+            return True
+        return await self.drain(timeout)
 
     def problem(self, err: ProtocolError | InvalidRequest) -> ProtocolError:
         """A failed request check as this endpoint family says it (close 1008 on a WebSocket)."""

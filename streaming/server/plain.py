@@ -47,8 +47,11 @@ async def complete(srv: Server, conn: Connection, request: Request) -> None:
         if watcher:
             watcher.cancel()
         srv.record("/complete", await job.done, left)
-    if not left:
-        conn.write(json_response(200, {"text": text}))
+    if left:
+        return
+    if cut := srv.cut_short(job):
+        raise cut
+    conn.write(json_response(200, {"text": text}))
 
 
 async def stream(srv: Server, conn: Connection, request: Request) -> None:
@@ -56,12 +59,14 @@ async def stream(srv: Server, conn: Connection, request: Request) -> None:
         await resumable.resumable(srv, conn, request)
         return
     job = await start(srv, request)
+    conn.streaming()
     conn.write(SSE_HEAD)
     conn.started = True
     watcher = srv.watcher(conn, job)
     try:
         left = await srv.relay(conn, job, text_event, sse.comment("ping"))
-        end = sse.DONE
+        cut = srv.cut_short(job)
+        end = sse.event(json.dumps(error_body(cut)), event="error") if cut else sse.DONE
     except ProtocolError as e:  # after the 200 the status can't change: an error event
         left, end = False, sse.event(json.dumps(error_body(e)), event="error")
     finally:

@@ -62,7 +62,10 @@ async def pump(srv: Server, rec: Recording) -> None:
     try:
         async for piece in srv.pieces(job):
             rec.add(json.dumps({"text": piece}))
-        rec.add("[DONE]")
+        if cut := srv.cut_short(job):
+            rec.add(json.dumps(error_body(cut)), event="error")
+        else:
+            rec.add("[DONE]")
     except ProtocolError as e:
         rec.add(json.dumps(error_body(e)), event="error")
     finally:
@@ -76,6 +79,7 @@ async def follow(srv: Server, conn: Connection, rec: Recording, after: int) -> N
     keep-alive during silence, until its end or until this reader leaves (which starts the
     grace period if it was the last reader)."""
     config = srv.config
+    conn.streaming()
     conn.write(SSE_HEAD)
     conn.started = True
     rec.attach()
@@ -102,6 +106,8 @@ async def follow(srv: Server, conn: Connection, rec: Recording, after: int) -> N
     finally:
         watcher.cancel()
         rec.detach(None if config.naive else config.resume_grace)
+        if not config.naive:
+            srv.streams.limit_orphans()
 
 
 async def stop(srv: Server, conn: Connection, request: Request) -> None:

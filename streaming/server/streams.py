@@ -9,7 +9,8 @@ rest, from the same generation: no token is generated twice.
 
 The record outlives its readers for a while: generation goes on for `grace` seconds after the last
 reader left (then it stops, as for any reader who left), and an ended stream is kept for `keep`
-seconds, at most `count` of them. An id we never issued, or one forgotten, is unknown: the server
+seconds, at most `count` of them. At most `orphans` live streams may have no reader: past that
+the oldest stops at once, and the engine admits streams with a reader before those without. An id we never issued, or one forgotten, is unknown: the server
 answers 204, which tells EventSource to stop reconnecting, never a silent new generation.
 
 No I/O here: the server's tasks (resumable.py) append events and read them. Leaves out
@@ -26,6 +27,7 @@ from streaming.wire import sse
 KEEP_COUNT = 256  # ended streams kept; 256 answers of 4096 tokens are ~4 MB of text at most
 KEEP_SECONDS = 300.0  # how long an ended stream can still be resumed: longer than any reconnect
 GRACE_SECONDS = 10.0  # how long generation waits for a reader to come back (EventSource retries in ~3 s)
+ORPHANS = 16  # live streams without a reader: past it the oldest stops now, not after the grace
 RETRY_MS = 1000  # sent as `retry:`: how soon EventSource reconnects after a drop
 
 
@@ -70,6 +72,7 @@ class Recording:
 
     def attach(self):
         self.readers += 1
+        self.job.orphaned = False
         if self.grace is not None:
             self.grace.cancel()
             self.grace = None
@@ -78,6 +81,7 @@ class Recording:
         """A reader left. If it was the last and the stream is live, stop generating after `grace`
         seconds unless a reader comes back (None: never stop, the naive server)."""
         self.readers -= 1
+        self.job.orphaned = self.readers == 0  # the engine serves streams with a reader first
         if self.readers == 0 and not self.ended and grace is not None:
             self.grace = asyncio.get_running_loop().call_later(grace, self.job.stop.set)
 
@@ -86,8 +90,8 @@ class Store:
     """The recordings by stream id, bounded in count and age (only ended ones are dropped: a live
     stream is bounded by its generation)."""
 
-    def __init__(self, count=KEEP_COUNT, seconds=KEEP_SECONDS):
-        self.count, self.seconds = count, seconds
+    def __init__(self, count=KEEP_COUNT, seconds=KEEP_SECONDS, orphans=ORPHANS):
+        self.count, self.seconds, self.orphans = count, seconds, orphans
         self.streams = OrderedDict()
 
     def create(self, job):
@@ -107,6 +111,13 @@ class Store:
         if k >= len(rec.events) or (rec.ended and k == len(rec.events) - 1):
             return None
         return rec, k
+
+    def limit_orphans(self):
+        """Stop the oldest live streams that nobody reads, past `orphans` of them: a burst of
+        abandoned streams must not delay the streams people are reading."""
+        live = [rec for rec in self.streams.values() if not rec.ended and rec.readers == 0]
+        for rec in live[: max(0, len(live) - self.orphans)]:
+            rec.job.stop.set()
 
     def purge(self, now=None):
         now = time.monotonic() if now is None else now

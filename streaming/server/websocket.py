@@ -17,7 +17,7 @@ from streaming.generation.prompts import encode_prompt
 from streaming.server.connection import READ_SIZE, Connection
 from streaming.wire import websocket as frames
 from streaming.wire.errors import InvalidRequest, ProtocolError, error_body
-from streaming.wire.http11 import Request
+from streaming.wire.http11 import Request, json_object, json_value
 from streaming.wire.params import plain_request
 from streaming.wire.session import Closed, Session
 
@@ -28,8 +28,8 @@ CLOSE_WAIT = 2.0  # seconds to wait for the peer's close frame before closing TC
 
 
 class WebSocket:
-    def __init__(self, conn: Connection, trailing: bytes = b"") -> None:
-        self.conn = conn
+    def __init__(self, conn: Connection, trailing: bytes = b"", write_timeout: float = 30.0) -> None:
+        self.conn, self.write_timeout = conn, write_timeout
         self.session = Session(client=False)
         self.session.receive_data(trailing)
         self.peer_closed = asyncio.Event()  # the client's close frame (or end-of-file) arrived
@@ -45,6 +45,8 @@ class WebSocket:
             event = self.session.next_event()
             self.flush()  # a pong, or the echo of the client's close
             if event is None:
+                if not await self.conn.backpressure(self.write_timeout):  # answers to pings, unread
+                    raise ConnectionError("the peer reads nothing of what it is sent")
                 data = await self.conn.reader.read(READ_SIZE)
                 if data:
                     self.session.receive_data(data)
@@ -65,10 +67,7 @@ class WebSocket:
         self.listening = True
         try:
             while (message := await self.receive()) is not None:
-                try:
-                    value = json.loads(message)
-                except json.JSONDecodeError:
-                    raise ProtocolError("messages must be JSON", close_code=1008) from None
+                value = json_value(message, "a message")  # ProtocolError: a close 1008
                 if isinstance(value, dict) and value.get("stop"):
                     job.stop.set()
         except ProtocolError as e:
@@ -107,13 +106,10 @@ class WebSocket:
 
 async def websocket(srv: Server, conn: Connection, request: Request) -> None:
     conn.write(frames.handshake(request, srv.config.allow_origin))  # ProtocolError: an HTTP answer
+    conn.streaming()
     conn.started = True
-    ws = conn.ws = WebSocket(conn, conn.trailing)
-    srv.websockets.add(ws)
-    try:
-        await session(srv, ws)
-    finally:
-        srv.websockets.discard(ws)
+    conn.ws = WebSocket(conn, conn.trailing, srv.config.write_timeout)
+    await session(srv, conn.ws)
 
 
 async def first_request(srv: Server, ws: WebSocket) -> tuple[Any, list[int]] | None:
@@ -124,12 +120,7 @@ async def first_request(srv: Server, ws: WebSocket) -> tuple[Any, list[int]] | N
         raise ProtocolError("no request message arrived in time", close_code=1008) from None
     if first is None:
         return None  # the client left before asking anything
-    try:
-        body = json.loads(first)
-        if not isinstance(body, dict):
-            raise ValueError
-    except ValueError:
-        raise ProtocolError("the first message must be a JSON object", close_code=1008) from None
+    body = json_object(first, "the first message")  # ProtocolError: a close 1008
     try:
         prompt, params = plain_request(body)
         return params, await asyncio.to_thread(encode_prompt, prompt, params)
@@ -155,8 +146,11 @@ async def session(srv: Server, ws: WebSocket) -> None:
             if not await ws.conn.drain(srv.config.write_timeout):
                 job.stop.set()
         stopped = job.stop.is_set()
-        ws.send_text(json.dumps({"done": True}))
-        await ws.close(1000)
+        if cut := srv.cut_short(job):
+            await ws.close(cut.close_code, cut.message)
+        else:
+            ws.send_text(json.dumps({"done": True}))
+            await ws.close(1000)
     except ProtocolError as e:
         stopped = job.stop.is_set()
         ws.send_text(json.dumps(error_body(e)))

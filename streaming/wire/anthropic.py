@@ -14,16 +14,16 @@ from typing import Any
 from streaming.wire import sse
 from streaming.wire.apis import ApiRequest, Finish, kind_of, stops
 from streaming.wire.errors import InvalidRequest, ProtocolError
-from streaming.wire.params import MAX_SEED, MAX_TOKENS, GenerationParams, number
+from streaming.wire.params import MAX_SEED, MAX_TOKENS, GenerationParams, number, unicode
 
 
 def text_of(content: Any, where: str) -> str:
     if isinstance(content, str):
-        return content
+        return unicode(content, where)
     if isinstance(content, list) and all(
         isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str) for b in content
     ):
-        return "".join(b["text"] for b in content)
+        return unicode("".join(b["text"] for b in content), where)
     raise InvalidRequest(f"{where} must be a string or a list of text blocks", where)
 
 
@@ -36,9 +36,6 @@ class Anthropic:
 
     def error_body(self, err: ProtocolError) -> dict[str, Any]:
         return {"type": "error", "error": {"type": kind_of(err.status, "api_error"), "message": err.message}}
-
-    def auth_error(self) -> ProtocolError:
-        return ProtocolError("invalid or missing API key", 401)
 
     def parse(self, body: dict[str, Any]) -> ApiRequest:
         """A messages request body, checked; raises InvalidRequest."""

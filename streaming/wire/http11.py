@@ -32,6 +32,7 @@ MAX_HEAD = 16 * 1024  # request line + headers: 431. Browsers send 1-2 KB; 16 Ki
 MAX_BODY = 1024 * 1024  # Content-Length body: 413. A prompt of 1 MiB is ~250k tokens, past any context here.
 REQUEST_TIMEOUT = 10.0  # seconds to receive a whole request: 408. Stops slow-loris clients holding sockets.
 
+DIGITS = re.compile(r"[0-9]{1,15}")  # a Content-Length: ASCII digits (str.isdigit takes "²"), 15 is past any limit
 TOKEN = re.compile(rb"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")  # RFC 9110 §5.6.2: method and field names
 HEAD_END = re.compile(rb"\r?\n\r?\n")  # a bare LF is accepted as a line end (RFC 9112 §2.2)
 
@@ -48,13 +49,37 @@ class Request:
 
     def json(self) -> dict[str, Any]:
         """The body as a JSON object, or a 400 that says what is wrong with it."""
+        return json_object(self.body, "the body")
+
+
+def json_object(data: bytes | str, what: str) -> dict[str, Any]:
+    """`data` as a JSON object, or a ProtocolError (400; close 1008 on a WebSocket) that says what
+    is wrong: not UTF-8, not JSON, nested too deeply, a number of too many digits."""
+    value = json_value(data, what)
+    if not isinstance(value, dict):
+        raise ProtocolError(f"{what} must be a JSON object", 400, close_code=1008, kind="invalid_json")
+    return value
+
+
+def json_value(data: bytes | str, what: str) -> Any:
+    """Any JSON value, with json_object's errors."""
+
+    def fail(problem: str) -> ProtocolError:
+        return ProtocolError(f"{what} is not valid JSON: {problem}", 400, close_code=1008, kind="invalid_json")
+
+    if isinstance(data, bytes):
         try:
-            value = json.loads(self.body)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ProtocolError(f"the body is not valid JSON: {e}", 400, kind="invalid_json") from None
-        if not isinstance(value, dict):
-            raise ProtocolError("the body must be a JSON object", 400, kind="invalid_json")
-        return value
+            data = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise fail("it is not UTF-8") from None
+    try:
+        return json.loads(data)
+    except json.JSONDecodeError as e:
+        raise fail(f"{e.msg} at line {e.lineno} column {e.colno}") from None
+    except RecursionError:  # the parser recurses once per level of [ and {
+        raise fail("arrays or objects nested too deeply") from None
+    except ValueError:  # Python's limit on the digits of an integer (4,300)
+        raise fail("a number has too many digits") from None
 
 
 class RequestParser:
@@ -109,6 +134,7 @@ def parse_head(head: bytes, max_body: int = MAX_BODY) -> Request:
     if not target.startswith(b"/") or any(c < 0x21 or c == 0x7F for c in target):
         raise ProtocolError("the request target must be a path (origin-form)", 400)
     headers: dict[str, str] = {}
+    hosts = 0
     for line in lines[1:]:
         if line[:1] in (b" ", b"\t"):
             raise ProtocolError("obsolete line folding in a header field", 400)
@@ -119,23 +145,32 @@ def parse_head(head: bytes, max_body: int = MAX_BODY) -> Request:
             raise ProtocolError("control character in a header value", 400)
         key = name.decode("ascii").lower()
         text = value.strip(b" \t").decode("latin-1")
+        hosts += key == "host"
         headers[key] = f"{headers[key]}, {text}" if key in headers else text
     if version == b"HTTP/1.1" and "host" not in headers:
         raise ProtocolError("HTTP/1.1 requires a Host header", 400)  # RFC 9112 §3.2
+    if hosts > 1:
+        raise ProtocolError("more than one Host header", 400)  # RFC 9112 §3.2: a 400
     if "transfer-encoding" in headers:
         if "content-length" in headers:  # the classic request-smuggling ambiguity (RFC 9112 §6.3)
             raise ProtocolError("both Transfer-Encoding and Content-Length", 400)
         raise ProtocolError("send the body with a Content-Length, not Transfer-Encoding", 411)
     if "content-length" in headers:
-        values = {v.strip() for v in headers["content-length"].split(",")}
-        if len(values) != 1 or not values.pop().isdigit():
+        lengths = {v.strip() for v in headers["content-length"].split(",")}
+        given = lengths.pop() if len(lengths) == 1 else ""
+        if given.isascii() and given.isdigit() and len(given) > 15:
+            raise ProtocolError(f"a Content-Length of {len(given)} digits is over the limit of {max_body} bytes", 413)
+        if not DIGITS.fullmatch(given):
             raise ProtocolError("invalid Content-Length", 400)
-        length = int(headers["content-length"].split(",")[0])
+        length = int(given)
         if length > max_body:
             raise ProtocolError(f"body of {length} bytes is over the limit of {max_body}", 413)
         headers["content-length"] = str(length)
-    url = urlsplit(target.decode("latin-1"))
-    query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
+    try:
+        url = urlsplit(target.decode("latin-1"))
+        query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
+    except ValueError:  # e.g. "//[" reads as an unclosed IPv6 authority
+        raise ProtocolError("malformed request target", 400) from None
     return Request(
         method.decode("ascii"), target.decode("latin-1"), version.decode(), headers, path=url.path, query=query
     )
@@ -333,7 +368,7 @@ class ResponseReader:
             self.remaining = 0
         elif "chunked" in headers.get("transfer-encoding", "").lower():
             self.chunked = ChunkedDecoder()
-        elif headers.get("content-length", "").isdigit():
+        elif DIGITS.fullmatch(headers.get("content-length", "")):
             self.remaining = int(headers["content-length"])
         return self.response
 

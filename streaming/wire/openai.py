@@ -16,7 +16,7 @@ from typing import Any
 from streaming.wire import sse
 from streaming.wire.apis import ApiRequest, Finish, kind_of, stops
 from streaming.wire.errors import InvalidRequest, ProtocolError
-from streaming.wire.params import MAX_SEED, MAX_TOKENS, GenerationParams, number
+from streaming.wire.params import MAX_SEED, MAX_TOKENS, GenerationParams, number, unicode
 
 OBFUSCATION_ALPHABET = string.ascii_letters + string.digits
 ROLES = ("system", "developer", "user", "assistant")
@@ -40,6 +40,7 @@ def chat_of(messages: Any) -> list[dict[str, str]]:
             content = "".join(p["text"] for p in content)
         if not isinstance(content, str):
             raise InvalidRequest(f"messages[{i}].content must be a string or text parts", f"messages[{i}].content")
+        content = unicode(content, f"messages[{i}].content")
         chat.append({"role": "system" if m["role"] == "developer" else m["role"], "content": content})
     if not any(m["content"] for m in chat):
         raise InvalidRequest("the messages are empty", "messages")
@@ -52,9 +53,6 @@ class OpenAI:
     def error_body(self, err: ProtocolError) -> dict[str, Any]:
         kind = kind_of(err.status, "server_error")
         return {"error": {"message": err.message, "type": kind, "param": err.param, "code": err.code}}
-
-    def auth_error(self) -> ProtocolError:
-        return ProtocolError("invalid or missing API key", 401, code="invalid_api_key")
 
     def parse(self, body: dict[str, Any]) -> ApiRequest:
         """A chat.completions request body, checked; raises InvalidRequest naming the param."""

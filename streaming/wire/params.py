@@ -65,6 +65,16 @@ def flag(body: dict[str, Any], name: str) -> bool:
     return value
 
 
+def unicode(text: str, name: str) -> str:
+    """A string that can be encoded: JSON's "\\ud800" escapes give Python lone surrogates, which
+    no tokenizer (and no UTF-8 encoder) takes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidRequest(f"{name} is not valid Unicode: it holds a lone surrogate", name) from None
+    return text
+
+
 def plain_request(body: dict[str, Any]) -> PlainRequest:
     """Check a request in our format ({"prompt", "max_tokens", "seed", "temperature", "top_p",
     "ignore_eos"}); raise InvalidRequest (400 for a missing prompt, else 422)."""
@@ -73,6 +83,7 @@ def plain_request(body: dict[str, Any]) -> PlainRequest:
         raise InvalidRequest("prompt must be a string", "prompt", 422 if "prompt" in body else 400)
     if not prompt:
         raise InvalidRequest("prompt must not be empty", "prompt")
+    unicode(prompt, "prompt")
     params = GenerationParams(
         max_tokens=number(body, "max_tokens", DEFAULT_MAX_TOKENS, 1, MAX_TOKENS, integer=True),
         seed=number(body, "seed", 0, 0, MAX_SEED, integer=True),
@@ -91,6 +102,6 @@ def query_body(query: dict[str, str]) -> dict[str, Any]:
     for name, value in query.items():
         try:
             body[name] = value if name == "prompt" else json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, too many digits, nested too deeply
             body[name] = value
     return body

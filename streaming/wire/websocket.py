@@ -30,6 +30,9 @@ from streaming.wire.http11 import Request, head, request_head
 GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"  # §1.3: proves the server understood the handshake
 MAX_MESSAGE = 1024 * 1024  # bytes in one message, all fragments together: 1009. Same as an HTTP body.
 MAX_CONTROL = 125  # §5.5: control frame payloads fit a 7-bit length
+# Fragments of one message: 1009 past it. The bytes are bounded by MAX_MESSAGE, but a million
+# one-byte fragments cost a frame header and a parse each; real clients send a handful.
+MAX_FRAGMENTS = 1024
 
 CONT, TEXT, BINARY, CLOSE, PING, PONG = 0x0, 0x1, 0x2, 0x8, 0x9, 0xA
 DATA_OPCODES, CONTROL_OPCODES = {CONT, TEXT, BINARY}, {CLOSE, PING, PONG}
@@ -87,18 +90,30 @@ def new_key() -> str:
 
 
 def origin_allowed(origin: str, host: str, allowed: Iterable[str]) -> bool:
-    """Our own origin (the page this server serves: same host and port) or one listed."""
+    """Our own origin (the page this server serves: same host and port) or one listed. An Origin
+    that does not parse (a port past 65535 or not a number, an unclosed IPv6 address) is foreign."""
     if "*" in allowed or origin in allowed:
         return True
-    url = urlsplit(origin)
-    if url.scheme not in ("http", "https") or not url.hostname:
+    try:
+        url = urlsplit(origin)
+        if url.scheme not in ("http", "https") or not url.hostname or url.path or url.query:
+            return False
+        default = 443 if url.scheme == "https" else 80
+        return (url.hostname, url.port or default) == authority(host, default)
+    except ValueError:
         return False
-    default = 443 if url.scheme == "https" else 80
-    return f"{url.hostname}:{url.port or default}" == with_port(host, default)
 
 
-def with_port(host: str, default: int) -> str:
-    return host if host.rsplit(":", 1)[-1].isdigit() and not host.endswith("]") else f"{host}:{default}"
+def authority(host: str, default: int) -> tuple[str, int] | None:
+    """(host name, port) of a Host header's value, lower-case, IPv6 without brackets; None if it
+    does not parse. Raises nothing."""
+    try:
+        url = urlsplit("//" + host)
+        if not url.hostname or url.username is not None or url.path or url.query or url.fragment:
+            return None
+        return url.hostname, url.port or default
+    except ValueError:
+        return None
 
 
 @dataclass
@@ -198,9 +213,9 @@ class Parser:
     def __init__(self, mask_required: bool = True, max_message: int = MAX_MESSAGE) -> None:
         self.buffer = bytearray()
         self.mask_required, self.max_message = mask_required, max_message
-        self.fragments: list[bytes] = []
+        self.fragments = bytearray()  # the message so far: its bytes, never more than max_message
         self.fragment_opcode: int | None = None
-        self.fragment_size = 0
+        self.fragment_count = 0
         self.utf8: codecs.IncrementalDecoder | None = None  # validates the text message being reassembled
 
     def feed(self, data: bytes) -> None:
@@ -228,7 +243,7 @@ class Parser:
             i = 10
         if opcode in CONTROL_OPCODES and n > MAX_CONTROL:
             raise ProtocolError("control frame over 125 bytes", close_code=1002)
-        if opcode in DATA_OPCODES and self.fragment_size + n > self.max_message:
+        if opcode in DATA_OPCODES and len(self.fragments) + n > self.max_message:
             raise ProtocolError(f"message over {self.max_message} bytes", close_code=1009)
         if self.mask_required and not masked:
             raise ProtocolError("client frames must be masked", close_code=1002)
@@ -257,15 +272,17 @@ class Parser:
             else:
                 self.fragment_opcode = frame.opcode
                 self.utf8 = codecs.getincrementaldecoder("utf-8")() if frame.opcode == TEXT else None
-            self.fragments.append(frame.data)
-            self.fragment_size += len(frame.data)
+            self.fragment_count += 1
+            if self.fragment_count > MAX_FRAGMENTS:
+                raise ProtocolError(f"message in over {MAX_FRAGMENTS} fragments", close_code=1009)
+            self.fragments += frame.data
             if self.utf8 is not None:
                 try:  # fail fast on invalid UTF-8, even before the last fragment (§8.1)
                     self.utf8.decode(frame.data, final=frame.fin)
                 except UnicodeDecodeError:
                     raise ProtocolError("text message is not valid UTF-8", close_code=1007) from None
             if frame.fin:
-                message = Message(self.fragment_opcode, b"".join(self.fragments))
-                self.fragments, self.fragment_opcode, self.fragment_size, self.utf8 = [], None, 0, None
+                message = Message(self.fragment_opcode, bytes(self.fragments))
+                self.fragments, self.fragment_opcode, self.fragment_count, self.utf8 = bytearray(), None, 0, None
                 return message
         return None

@@ -1,0 +1,380 @@
+"""Hostile and careless clients over real sockets (issue 12): every bad input gets its 4xx in the
+endpoint's own shape, every limit holds (memory bounded, non-readers dropped), only the hosts and
+keys the server is meant for get in, and SIGTERM drains. After each case a normal request still
+succeeds."""
+
+import json
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+from helpers import ServerProcess, WSClient, connect, http, metrics, raw_request, read_all
+
+from streaming.wire import websocket as ws
+
+FORBIDDEN = ("Traceback", "Error(", "Exception", "RecursionError", "int_max_str_digits", "\\ud800")
+
+
+@pytest.fixture(scope="module")
+def guarded():
+    """A key, the free engine (the model is not the point), short timeouts, small budgets."""
+    args = ("--engine", "free", "--api-key", "k3y", "--write-timeout", "1", "--max-body-memory", "3000000")
+    s = ServerProcess(*args).wait()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def fine(port, key=None):
+    """A normal request succeeds (quickly: a 30 s socket timeout)."""
+    headers = [("Authorization", f"Bearer {key}")] if key else []
+    status, _, body = http(port, "POST", "/complete", {"prompt": "Hi", "max_tokens": 3}, headers)
+    assert status == 200 and "text" in json.loads(body)
+
+
+def clean(message):
+    assert message and not any(f in message for f in FORBIDDEN), message
+
+
+def rss_kb(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line for line in f if line.startswith("VmRSS")).split()[1])
+
+
+# --- 2. a 4xx for every bad input, in the endpoint's shape -------------------------------------
+
+DEEP = "[" * 100_000
+BIG = "1" * 5000
+
+
+@pytest.mark.parametrize(
+    "path,body,status",
+    [
+        ("/complete", DEEP.encode(), 400),
+        ("/stream", b'{"prompt": "a", "max_tokens": ' + BIG.encode() + b"}", 400),
+        ("/complete", json.dumps({"prompt": "\ud800"}).encode(), 422),
+        ("/stream", json.dumps({"prompt": "a\udfffb"}).encode(), 422),
+    ],
+    ids=["deep JSON", "5000-digit integer", "lone surrogate", "lone low surrogate"],
+)
+def test_bad_json_and_text_get_a_4xx_in_our_shape(servers, path, body, status):
+    port = servers["plain"].port
+    got, headers, out = http(port, "POST", path, body)
+    error = json.loads(out)["error"]
+    assert got == status and error["status"] == status and headers["content-type"] == "application/json"
+    clean(error["message"])
+    fine(port)
+
+
+def test_a_deep_query_value_is_a_422(servers):
+    port = servers["plain"].port
+    status, _, out = http(port, "GET", "/stream?prompt=hi&max_tokens=" + "%5B" * 50_000)
+    assert status == 431 or status == 422  # 50,000 escapes are past the head limit; shorter ones:
+    status, _, out = http(port, "GET", "/stream?prompt=hi&max_tokens=" + "[" * 3000)
+    assert status == 422 and "max_tokens" in json.loads(out)["error"]["message"]
+    fine(port)
+
+
+@pytest.mark.parametrize("fmt", ["openai", "anthropic"])
+@pytest.mark.parametrize("body", [DEEP, '{"a": ' + BIG + "}", "surrogate"], ids=["deep", "digits", "surrogate"])
+def test_bad_json_and_text_on_v1_in_the_apis_shape(servers, fmt, body):
+    port = servers["plain"].port
+    if body == "surrogate":
+        body = json.dumps({"model": "x", "max_tokens": 5, "messages": [{"role": "user", "content": "\ud800"}]})
+    path = "/v1/chat/completions" if fmt == "openai" else "/v1/messages"
+    status, _, out = http(port, "POST", path, body.encode())
+    value = json.loads(out)
+    assert status == 400
+    if fmt == "openai":
+        assert set(value["error"]) == {"message", "type", "param", "code"}
+    else:
+        assert value["type"] == "error" and value["error"]["type"] == "invalid_request_error"
+    clean(value["error"]["message"])
+    fine(port)
+
+
+@pytest.mark.parametrize(
+    "length,status",
+    [("1" * 5000, 413), ("²", 400), ("1²", 400), ("٣", 400)],
+    ids=["5000 digits", "²", "1²", "Arabic 3"],
+)
+def test_content_length_of_digits_python_reads_but_http_does_not(servers, length, status):
+    port = servers["plain"].port
+    head = f"POST /complete HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {length}\r\n\r\n".encode()
+    got, _, out = raw_request(port, head)
+    assert got == status and json.loads(out)["error"]["status"] == status
+    fine(port)
+
+
+def test_two_host_headers_are_a_400(servers):
+    port = servers["plain"].port
+    got, _, out = raw_request(port, b"GET /log HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: evil.example\r\n\r\n")
+    assert got == 400 and "Host" in json.loads(out)["error"]["message"]
+    fine(port)
+
+
+def test_a_lone_surrogate_over_ws_is_a_1008_with_the_reason(servers):
+    c = WSClient(servers["plain"].port)
+    c.send_json({"prompt": "\ud800 hi"})
+    messages, code = c.until_close()
+    c.close()
+    assert code == 1008 and messages[0]["error"]["status"] == 422
+    clean(messages[0]["error"]["message"])
+
+
+@pytest.mark.parametrize(
+    "origin",
+    [
+        "http://127.0.0.1:{port}.evil.example",
+        "http://h:99999",
+        "http://h:abc",
+        "http://[::1",
+        "http://127.0.0.1:{port}/x",
+    ],
+)
+def test_origins_that_do_not_parse_are_foreign(servers, origin):
+    port = servers["plain"].port
+    c = WSClient(port, [("Origin", origin.format(port=port))])
+    c.close()
+    assert c.status == 403
+    fine(port)
+
+
+# --- 4. who may use it ----------------------------------------------------------------------------
+
+
+def every_request(port, host=None, key_header=(), query=""):
+    """(name, status) of one request to every endpoint."""
+    hdrs = [*key_header] + ([("Host", host)] if host else [])
+    body = {"prompt": "Hi", "max_tokens": 2}
+    chat = {"model": "x", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]}
+    out = {}
+    for name, method, path, value in [
+        ("complete", "POST", "/complete", body),
+        ("stream", "POST", "/stream", body),
+        ("stream GET", "GET", "/stream?prompt=Hi&max_tokens=2", None),
+        ("stop", "POST", "/stop", {"id": "nope"}),
+        ("log", "GET", "/log", None),
+        ("metrics", "GET", "/metrics", None),
+        ("openai", "POST", "/v1/chat/completions", chat),
+        ("anthropic", "POST", "/v1/messages", chat),
+        ("models", "GET", "/v1/models", None),
+        ("page", "GET", "/", None),
+    ]:
+        path += ("&" if "?" in path else "?") + query if query else ""
+        status, _, _ = raw(port, method, path, value, hdrs)
+        out[name] = status
+    c = WSClient(port, hdrs, path="/ws" + (f"?{query}" if query else ""))
+    c.close()
+    out["ws"] = c.status
+    return out
+
+
+def raw(port, method, path, value, headers):
+    """Like helpers.http, but the Host header is ours to set."""
+    data = b"" if value is None else json.dumps(value).encode()
+    names = {k.lower() for k, _ in headers}
+    head = f"{method} {path} HTTP/1.1\r\n" + ("" if "host" in names else f"Host: 127.0.0.1:{port}\r\n")
+    head += "".join(f"{k}: {v}\r\n" for k, v in headers)
+    if value is not None:
+        head += f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+    return raw_request(port, head.encode() + b"\r\n" + data)
+
+
+def test_dns_rebinding_a_foreign_host_gets_421_everywhere(servers):
+    port = servers["plain"].port
+    got = every_request(port, host=f"evil.example:{port}")
+    assert set(got.values()) == {421}, got
+    c = WSClient(port, [("Host", f"evil.example:{port}"), ("Origin", f"http://evil.example:{port}")])
+    c.close()
+    assert c.status == 421
+    for host in (f"localhost:{port}", f"[::1]:{port}", "127.0.0.1", f"LOCALHOST:{port}"):
+        assert raw(port, "GET", "/log", None, [("Host", host)])[0] == 200, host
+    assert raw(port, "GET", "/log", None, [("Host", "127.0.0.1:1")])[0] == 421  # another port
+    fine(port)
+
+
+def test_allow_host_adds_a_name():
+    s = ServerProcess("--engine", "free", "--allow-host", "chat.example").wait()
+    try:
+        assert raw(s.port, "GET", "/log", None, [("Host", f"chat.example:{s.port}")])[0] == 200
+        assert raw(s.port, "GET", "/log", None, [("Host", f"evil.example:{s.port}")])[0] == 421
+    finally:
+        s.stop()
+
+
+def test_with_a_key_every_endpoint_but_the_page_needs_it(guarded):
+    port = guarded.port
+    without = every_request(port)
+    assert without.pop("page") == 200 and set(without.values()) == {401}, without
+    wrong = every_request(port, key_header=[("x-api-key", "nope")])
+    assert wrong.pop("page") == 200 and set(wrong.values()) == {401}, wrong
+    bearer = every_request(port, key_header=[("Authorization", "Bearer k3y")])
+    assert bearer.pop("stop") == 404 and bearer.pop("ws") == 101 and set(bearer.values()) == {200}, bearer
+    query = every_request(port, query="api_key=k3y")  # EventSource's and a browser WebSocket's way
+    assert query.pop("stop") == 404 and query.pop("ws") == 101 and set(query.values()) == {200}, query
+    status, _, out = raw(port, "POST", "/v1/chat/completions", {"model": "x", "messages": []}, [])
+    assert status == 401 and json.loads(out)["error"]["code"] == "invalid_api_key"  # OpenAI's shape
+    fine(port, "k3y")
+
+
+@pytest.mark.parametrize("ctype", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; b=x", None])
+@pytest.mark.parametrize("path", ["/complete", "/stream", "/stop", "/v1/chat/completions", "/v1/messages"])
+def test_posts_that_a_cross_site_form_can_send_get_415(servers, path, ctype):
+    port = servers["plain"].port
+    head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n" + (f"Content-Type: {ctype}\r\n" if ctype else "")
+    data = json.dumps({"prompt": "Hi", "max_tokens": 2}).encode()
+    status, _, out = raw_request(port, head.encode() + b"Content-Length: %d\r\n\r\n" % len(data) + data)
+    value = json.loads(out)
+    assert status == 415 and "application/json" in value["error"]["message"]  # each shape has error.message
+    fine(port)
+
+
+# --- 3. limits that hold --------------------------------------------------------------------------
+
+
+def test_readers_that_read_nothing_are_dropped_and_their_generation_stops(guarded):
+    """--write-timeout 1: OpenAI streams of 4,096 tokens (~800 KB each), never read."""
+    port = guarded.port
+    before = len(server_log_keyed(port))
+    body = json.dumps(
+        {"model": "x", "max_tokens": 4096, "stream": True, "messages": [{"role": "user", "content": "Hi"}]}
+    )
+    socks = []
+    for _ in range(5):
+        s = connect(port)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+        head = "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer k3y\r\n"
+        head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        s.sendall(head.encode() + body.encode())
+        socks.append(s)
+    deadline = time.monotonic() + 30
+    while len(log := server_log_keyed(port)) < before + 5 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for s in socks:
+        s.close()
+    entries = log[before:]
+    assert len(entries) == 5 and all(e[2] is True and e[1] < 4096 for e in entries), entries
+    fine(port, "k3y")
+
+
+def server_log_keyed(port):
+    return json.loads(raw(port, "GET", "/log", None, [("x-api-key", "k3y")])[2])
+
+
+def test_abandoned_resumable_streams_are_bounded_and_readers_go_first():
+    s = ServerProcess("--resume-orphans", "2", "--resume-grace", "30").wait()
+    try:
+        for _ in range(40):  # opened and closed at once: no reader, no key kept
+            with connect(s.port) as c:
+                c.sendall(
+                    b"GET /stream?prompt=Hello&max_tokens=4096&ignore_eos=true HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+                )
+                c.recv(100)
+        deadline = time.monotonic() + 20
+        while metrics(s.port)["active_generations"] > 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert metrics(s.port)["active_generations"] <= 2  # the oldest orphans stopped at once
+        fine(s.port)
+    finally:
+        s.stop()
+
+
+def test_a_message_in_a_million_fragments_is_closed_1009_without_the_memory(guarded):
+    port = guarded.port
+    pid = guarded.proc.pid
+    before = rss_kb(pid)
+    codes = []
+    for _ in range(4):
+        c = WSClient(port, [("x-api-key", "k3y")])
+        frames = ws.serialize(ws.Frame(ws.TEXT, b"{", fin=False), b"abcd")
+        frames += ws.serialize(ws.Frame(ws.CONT, b" ", fin=False), b"abcd") * 200_000
+        try:
+            c.send_raw(frames)
+        except OSError:
+            pass  # the server closed while we were still sending
+        codes.append(c.until_close(answer=False)[1])
+        c.close()
+    assert set(codes) == {1009}, codes
+    assert rss_kb(pid) - before < 20_000  # KB
+    fine(port, "k3y")
+
+
+def test_a_ping_flood_whose_pongs_are_never_read_is_dropped(guarded):
+    port = guarded.port
+    pid = guarded.proc.pid
+    before = rss_kb(pid)
+    c = WSClient(port, [("x-api-key", "k3y")])
+    c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    ping = ws.serialize(ws.Frame(ws.PING, b"p" * 125), b"abcd")
+    sent = 0
+    c.sock.settimeout(5)
+    try:
+        for _ in range(200):  # up to 26 MB of pings; we never read a pong
+            c.sock.sendall(ping * 1000)
+            sent += 1
+    except OSError:
+        pass  # the server stopped reading (its buffer was full), then dropped us
+    c.close()
+    assert sent < 200  # it did not take them all
+    assert rss_kb(pid) - before < 20_000
+    fine(port, "k3y")
+
+
+def test_request_bodies_in_flight_share_one_budget(guarded):
+    """--max-body-memory 3000000: three 1 MB bodies may be arriving at once; the fourth gets 503."""
+    port = guarded.port
+    head = b"POST /complete HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 1000000\r\n\r\n"
+    slow = []
+    for _ in range(3):
+        s = connect(port)
+        s.sendall(head + b"{")
+        slow.append(s)
+        time.sleep(0.3)
+    status, headers, out = raw_request(port, head)
+    assert status == 503 and headers["retry-after"] == "1" and json.loads(out)["error"]["status"] == 503
+    for s in slow:
+        s.close()
+    time.sleep(0.3)
+    fine(port, "k3y")
+
+
+def test_the_listen_backlog_is_a_setting():
+    s = ServerProcess("--engine", "free", "--backlog", "777").wait()
+    try:
+        out = subprocess.run(["ss", "-ltnH", f"sport = :{s.port}"], capture_output=True, text=True).stdout
+        assert out.split()[2] == "777"  # a listening socket's Send-Q is its backlog
+    finally:
+        s.stop()
+
+
+# --- 5. shutdown drains ----------------------------------------------------------------------------
+
+
+def test_sigterm_drains_then_ends_the_rest_with_an_error_and_logs_everything():
+    s = ServerProcess("--token-delay", "0.05", "--shutdown-grace", "1.5").wait()
+    try:
+        with connect(s.port) as short, connect(s.port) as long_:
+            for sock, n in ((short, 10), (long_, 1000)):
+                body = json.dumps({"prompt": "Hi", "max_tokens": n, "ignore_eos": True}).encode()
+                head = "POST /stream HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                sock.sendall(head.encode() + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            c = WSClient(s.port)
+            c.send_json({"prompt": "Hi", "max_tokens": 1000})
+            time.sleep(0.3)
+            s.proc.send_signal(signal.SIGTERM)
+            finished, cut = read_all(short), read_all(long_)
+            messages, code = c.until_close()
+            c.close()
+        assert finished.rstrip().endswith(b"data: [DONE]")  # it finished within the grace
+        assert b"event: error" in cut and b"shutting down" in cut and b"[DONE]" not in cut
+        assert code == 1001
+        assert s.proc.wait(20) == 0
+        assert s.wait_line("shut down")
+        logged = [line for line in s.lines if ": generated " in line]
+        assert len(logged) == 3, s.lines  # every request is in the log
+    finally:
+        s.stop()
