@@ -343,9 +343,38 @@ async def get_json(path, host=None, port=None):
         w.close()
 
 
+# seconds to wait for a server that is starting (its model loading) to be ready
+READY_WAIT = float(os.environ.get("STREAMING_READY_WAIT", 120))
+
+
+async def wait_ready(host=None, port=None, timeout=READY_WAIT):
+    """Wait until the server (or a proxy in front of it) answers GET /ready with 200; a
+    ServerError with one clear line if nothing does within `timeout` seconds."""
+    host, port = host or HOST, port or PORT
+    deadline, said = time.monotonic() + timeout, False
+    while True:
+        try:
+            r, w = await asyncio.open_connection(host, port)
+            try:
+                w.write(http11.request_head("GET", "/ready", host, [("Connection", "close")]))
+                reply = Reply(r)
+                if (await reply.head()).status == 200:
+                    return
+            finally:
+                w.close()
+        except (OSError, ServerError):
+            pass
+        if time.monotonic() > deadline:
+            raise ServerError(f"no server ready at {host}:{port}: start `python server.py` first")
+        if not said:
+            print(f"waiting for the server at {host}:{port} to be ready ...", file=sys.stderr, flush=True)
+            said = True
+        await asyncio.sleep(0.5)
+
+
 async def server_info(host=None, port=None):
-    """The server's model, device and dtype, from GET /metrics."""
-    m = await get_json("/metrics", host, port)
+    """The server's model, device and dtype, from GET /metrics.json."""
+    m = await get_json("/metrics.json", host, port)
     return {k: m.get(k) for k in ("model", "device", "dtype", "quantize")}
 
 
@@ -368,6 +397,8 @@ def main(argv=None):
         args.host, args.port, args.url = u.hostname, u.port or 80, None
 
     async def run():
+        if args.url is None:
+            await wait_ready(args.host, args.port)
         info = await server_info(args.host, args.port) if args.url is None else {"url": args.url}
         rows = await measure_rows(
             prompts(args.prompts),
@@ -381,7 +412,10 @@ def main(argv=None):
         )
         return info, rows
 
-    info, rows = asyncio.run(run())
+    try:
+        info, rows = asyncio.run(run())
+    except (ServerError, OSError) as e:
+        sys.exit(f"error: {e}")
     lines, figures = summarize(rows)
     print("\n".join(lines))
     if args.save:

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import client
-from streaming.launch import Process, python
+from streaming.launch import Process, Server, python
 
 PROMPT = client.prompts(1)[0]  # the lighthouse paragraph
 N = 100  # tokens asked for, as the article
@@ -160,9 +160,9 @@ def nginx_(args):
         quiet = ["--first-delay", str(QUIET_S)]
         say(f"starting the server and two that stay quiet {QUIET_S:g} s before the first token (model {args.model})")
         children = [
-            Process("server", python("server.py", "--port", str(args.port), *model_args)),
-            Process("quiet server", python("server.py", "--port", "0", "--ping", "60", *quiet, *model_args)),
-            Process("pinging server", python("server.py", "--port", "0", "--ping", "1", *quiet, *model_args)),
+            Server("server", "--port", str(args.port), *model_args),
+            Server("quiet server", "--port", "0", "--ping", "60", *quiet, *model_args),
+            Server("pinging server", "--port", "0", "--ping", "1", *quiet, *model_args),
         ]
         ports = [child.wait().port for child in children]
         info = asyncio.run(client.server_info(port=ports[0]))
@@ -192,7 +192,7 @@ def page_(args):
     if not os.path.exists(chromium):
         print("chromium is not installed: no page.png (apt-get install chromium)", flush=True)
         return None
-    server = Process("server", python("server.py", "--port", str(args.port), "--model", args.model))
+    server = Server("server", "--port", str(args.port), "--model", args.model)
     try:
         server.wait()
         with sync_playwright() as p:
@@ -333,8 +333,8 @@ def all_(args):
     try:
         model_args = ["--model", args.model] + (["--dtype", args.dtype] if args.dtype else [])
         say(f"starting the server and the --naive server (model {args.model})")
-        server = Process("server", python("server.py", "--port", str(args.port), *model_args))
-        naive = Process("naive server", python("server.py", "--naive", "--port", str(args.naive_port), *model_args))
+        server = Server("server", "--port", str(args.port), *model_args)
+        naive = Server("naive server", "--naive", "--port", str(args.naive_port), *model_args)
         children += [server, naive]
         server.wait()
         naive.wait()
@@ -381,12 +381,18 @@ def main(argv=None):
         args.proxy_port = args.proxy_port or 0
         return {"all": all_, "nginx": nginx_, "page": page_}[args.experiment](args)
     port = args.port or 8765
-    if args.experiment == "leave":
-        asyncio.run(leave(port, args.host))
-    elif args.experiment == "stop":
-        asyncio.run(stop(port, args.host))
-    else:
-        asyncio.run(proxy(args.proxy_port or 8766, args.host))  # the article's proxy port
+    if args.experiment == "proxy":
+        port = args.proxy_port or 8766  # the article's proxy port
+    run = {"leave": leave, "stop": stop, "proxy": proxy}[args.experiment]
+
+    async def when_ready():
+        await client.wait_ready(args.host, port)  # (through the proxy: it passes /ready on)
+        return await run(port, args.host)
+
+    try:
+        asyncio.run(when_ready())
+    except (client.ServerError, OSError) as e:
+        sys.exit(f"error: {e}")
 
 
 if __name__ == "__main__":

@@ -95,6 +95,7 @@ def configure(args=None, *, model=None, device=None, dtype=None, quantize=None):
     if model:
         _setting["model"] = model
     if device:
+        check_device(device)
         _setting["device"] = device
     if dtype:
         if dtype not in DTYPES:
@@ -156,8 +157,23 @@ def dtype():
     return torch.bfloat16 if cpu_has_bf16() else torch.float32
 
 
+def check_device(device):
+    """A device this torch can use, or a ModelError that says why not."""
+    kind = device.split(":")[0]
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ModelError(f"--device {device}: this torch sees no CUDA device (a CPU-only build, or no GPU)")
+    if kind == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise ModelError(f"--device {device}: this torch has no MPS (Apple silicon) backend here")
+    if kind not in ("cpu", "cuda", "mps"):
+        raise ModelError(f"unknown device {device!r}: choose cpu, cuda (cuda:N) or mps")
+
+
 def check_model_name(name):
-    if name in NAMED or name.endswith(".gguf") or Path(name).is_dir() or name.count("/") == 1:
+    if name.endswith(".gguf"):
+        if not Path(name).is_file():
+            raise ModelError(f"no such .gguf file: {name}")
+        return
+    if name in NAMED or Path(name).is_dir() or name.count("/") == 1:
         return
     raise ModelError(
         f"unknown model {name!r}: choose bundled (the default), tiny, exact, a hub id such as "

@@ -17,6 +17,7 @@ streaming/generation/ for the engines, streaming/wire/ for the formats on the wi
 
 import argparse
 import asyncio
+import sys
 import time
 
 import lm
@@ -57,7 +58,10 @@ def parse_args(argv=None):
     p.add_argument("--ping", type=float, default=PING_SECONDS, help="keep-alive after S s without an event")
     p.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT, help="408 if a request takes longer")
     p.add_argument(
-        "--allow-origin", action="append", default=[], help="a browser Origin allowed to open /ws (repeat; * for any)"
+        "--allow-origin",
+        action="append",
+        default=[],
+        help="a page's Origin allowed to call the endpoints (CORS) and open /ws (repeat; * for any)",
     )
     p.add_argument(
         "--allow-host",
@@ -105,17 +109,30 @@ def config_of(args):
     return Config(**dict(values, body_memory=args.max_body_memory))
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    lm.configure(args)
+def load():
+    """Load and warm up the model (in a thread, while the server already answers /ready)."""
     t0 = time.perf_counter()
-    lm.model()
+    try:
+        lm.model()
+    except lm.ModelError:
+        raise
+    except Exception as e:  # noqa: BLE001 - transformers' many ways to fail (offline hub, bad folder): one line
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise lm.ModelError(f"could not load the model {lm.model_name()}: {first}") from None
     for _ in lm.tokens("Hello", 2):  # warm up, so the first request's time to first text is honest
         pass
     dtype = str(lm.dtype()).removeprefix("torch.")
     dtype += ", int8 Linear layers" if lm.quantization() == "int8" else ""
-    print(f"model {lm.model_name()} on {lm.DEVICE} in {dtype}, ready in {time.perf_counter() - t0:.1f} s", flush=True)
-    asyncio.run(serve(config_of(args)))
+    return f"model {lm.model_name()} on {lm.DEVICE} in {dtype}, ready in {time.perf_counter() - t0:.1f} s"
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        lm.configure(args)
+    except lm.ModelError as e:
+        sys.exit(f"error: {e}")
+    sys.exit(asyncio.run(serve(config_of(args), load)))
 
 
 if __name__ == "__main__":

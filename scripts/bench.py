@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import client
-from streaming.launch import ROOT, Process, free_port, python
+from streaming.launch import ROOT, Process, Server, free_port
 
 NS = [1, 4, 16, 32, 48, 64]  # concurrent readers
 TOKENS = 100  # tokens per answer, as the article's experiments
@@ -64,7 +64,7 @@ def start_peer(folder, dtype, device="cpu"):
     exe = shutil.which("transformers") or str(Path(sys.executable).parent / "transformers")
     argv = [exe, "serve", str(folder), "--continuous-batching", "--dtype", dtype, "--device", device]
     argv += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
-    return Process("transformers serve", argv, port=port, quiet=True).wait(check=answers)
+    return Process("transformers serve", argv, port=port, stderr=True).wait(check=answers)  # its output if it fails
 
 
 async def readers(port, n, tokens=TOKENS, offset=0, leave_after=None, ours=True, model=None):
@@ -105,7 +105,7 @@ def ms(x):
 
 def metrics(port):
     try:
-        return asyncio.run(client.get_json("/metrics", port=port))
+        return asyncio.run(client.get_json("/metrics.json", port=port))
     except (OSError, ValueError, client.ServerError):
         return {}
 
@@ -176,7 +176,7 @@ def join(port, prompt, ours=True, model=None):
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:  # until all 16 are in the batch (where /metrics says so)
             try:
-                if (await client.get_json("/metrics", port=port)).get("active", 16) >= 16:
+                if (await client.get_json("/metrics.json", port=port)).get("active", 16) >= 16:
                     break
             except (OSError, ValueError, client.ServerError):
                 break
@@ -233,7 +233,7 @@ def cpu_seconds(pid):
 def event_cost(model):
     """Server CPU time per event: ours (--engine free) and uvicorn + Starlette, same events."""
     out = {}
-    ours = Process("free server", python("server.py", "--port", "0", "--engine", "free", "--model", model))
+    ours = Server("free server", "--port", "0", "--engine", "free", "--model", model)
     try:
         ours.wait()
         out["this server"] = cost_of(ours.port, ours.proc.pid)
@@ -307,7 +307,9 @@ def load(args):
     for engine in [e for e in args.engines.split(",") if e]:
         this_server(args, engine, ns, prompt, out, saved)
         client.save(saved, out)  # so far, in case a later part fails
-    if args.peer:
+    if args.peer and args.model in lm.NAMED[1:] and not args.peer_folder:
+        print(f"\nthe peer is skipped: --model {args.model} lives only in this project's processes", flush=True)
+    elif args.peer:
         folder = args.peer_folder or (lm.bundled_folder() if args.model == "bundled" else args.model)
         the_peer(args, folder, ns, prompt, out, saved)
     if args.extras:
@@ -325,7 +327,7 @@ def load(args):
 def this_server(args, engine, ns, prompt, out, saved):
     """This server with one engine: the sweep, and for the batched engine the join and leave."""
     common = ["--model", args.model, "--dtype", args.dtype, "--port", "0"]
-    child = Process(f"--engine {engine}", python("server.py", *common, "--engine", engine))
+    child = Server(f"--engine {engine}", *common, "--engine", engine)
     try:
         child.wait()
         info = metrics(child.port)

@@ -138,10 +138,10 @@ def main(argv=None):
     if args.port:
         results = live(args.port, args.max_tokens)
     else:
-        from streaming.launch import Process, python
+        from streaming.launch import Server
 
         model = args.model or __import__("os").environ.get("LM_MODEL", "bundled")
-        server = Process("server", python("server.py", "--port", "0", "--model", model)).wait()
+        server = Server("server", "--port", "0", "--model", model).wait()
         try:
             results = live(server.port, args.max_tokens)
         finally:

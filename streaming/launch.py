@@ -3,7 +3,8 @@
 `Process` starts a command (a server, a proxy, nginx, a peer) and collects its output lines; it
 is ready when it prints `listening on http://HOST:PORT` (our server and proxy, started on port 0:
 the line gives the port) or, for a program told its port, when that port accepts connections or a
-`check(port)` says it answers. `stop()` sends SIGTERM, then SIGKILL after a timeout. `free_port()`
+`check(port)` says it answers; `Server` (server.py) is ready when GET /ready says 200, once its
+model is loaded. `stop()` sends SIGTERM, then SIGKILL after a timeout. `free_port()`
 is a port nobody listens on now, for programs that cannot report the one they picked.
 Leaves out: restarting a child, and anything but the loopback.
 """
@@ -35,6 +36,16 @@ def accepts(port: int) -> bool:
     try:
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
         return True
+    except OSError:
+        return False
+
+
+def ready(port: int) -> bool:
+    """Whether a server of ours on `port` says GET /ready 200 (its model is loaded)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(b"GET /ready HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            return s.recv(12).startswith(b"HTTP/1.1 200")
     except OSError:
         return False
 
@@ -89,7 +100,7 @@ class Process:
         deadline = time.monotonic() + timeout
         if self.port is None:
             self.ready.wait(timeout)
-        else:
+        if self.port is not None:
             while not (check or accepts)(self.port):
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     self.port = None
@@ -127,3 +138,14 @@ class Process:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class Server(Process):
+    """`python server.py ARGS` on a port it reports, ready once GET /ready says 200."""
+
+    def __init__(self, name: str, *args: str, env: dict[str, str] | None = None, stderr: bool = False) -> None:
+        super().__init__(name, python("server.py", *args), env=env, stderr=stderr)
+
+    def wait(self, timeout: float = START_TIMEOUT, check: Callable[[int], bool] | None = None) -> Server:
+        super().wait(timeout, check or ready)
+        return self

@@ -9,19 +9,19 @@ import socket
 import time
 
 from streaming.launch import ROOT as ROOT
-from streaming.launch import Process, python
+from streaming.launch import Server
 from streaming.wire import websocket as ws
 from streaming.wire.http11 import END, ResponseReader
 from streaming.wire.session import ABNORMAL, Closed, Session
 from streaming.wire.sse import EventParser
 
 
-class ServerProcess(Process):
-    """`python server.py --port 0 ...` as a child; its output lines (stderr too) in `lines`."""
+class ServerProcess(Server):
+    """`python server.py --port 0 ...` as a child, ready when /ready says so; its output lines
+    (stderr too) in `lines`."""
 
     def __init__(self, *args, model="tiny"):
-        argv = python("server.py", "--model", model, "--port", "0", *args)
-        super().__init__("server", argv, env={"PYTHONASYNCIODEBUG": "1"}, stderr=True)
+        super().__init__("server", "--model", model, "--port", "0", *args, env={"PYTHONASYNCIODEBUG": "1"}, stderr=True)
         self.args = args
 
 
@@ -89,7 +89,7 @@ def server_log(port):
 
 
 def metrics(port):
-    return json.loads(http(port, "GET", "/metrics")[2])
+    return json.loads(http(port, "GET", "/metrics.json")[2])
 
 
 def wait_for_log(port, n, timeout=30):

@@ -101,3 +101,22 @@ def test_eventsource_reconnects_after_the_server_drops_it_and_ends_with_the_whol
     log = wait_for_log(port, before + 1)[before:]
     assert len(log) == 1 and log[0][0] == "/stream" and not log[0][2]  # one generation, not stopped
     assert run["text"] == complete(port, 30)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_each_transport_through_nginx_with_the_pages_origin(servers, browser, transport):
+    """The page served through nginx on another port: its Origin (http://127.0.0.1:NGINX) must
+    match the Host the server sees, which nginx passes on with the port ($http_host)."""
+    from streaming import nginxctl
+
+    if not nginxctl.available():
+        if os.environ.get("REQUIRE_NGINX") == "1":
+            pytest.fail("nginx is not installed")
+        pytest.skip("needs nginx (apt-get install nginx)")
+    port = servers["slow"].port
+    with nginxctl.Nginx(port) as n:
+        page = start(browser, n.port, transport, 30)
+        run = finish(page)
+        page.close()
+    assert run["status"] == "done", run
+    assert run["text"] == run["shown"] == complete(port, 30)

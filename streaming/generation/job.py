@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +75,9 @@ class Job:
         self.detok: Any = None  # the job's own incremental detokenizer, made on the producing side
         self.ends: set[int] = set()  # token ids that end an answer (lm.stop_ids())
         self.orphaned = False  # nobody reads it now (a resumable stream between readers): served last
+        self.created = time.monotonic()  # for the metrics: when the request asked
+        self.first_at: float | None = None  # when its first and its latest piece reached the server's loop
+        self.last_at: float | None = None
 
     def start(self) -> Job:
         """Begin producing (in a subclass), counted as active until it ends."""

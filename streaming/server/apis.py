@@ -64,7 +64,7 @@ async def whole(srv: Server, conn: Connection, path: str, fmt: Format, api: ApiR
         if watcher:
             watcher.cancel()
         produced = await job.done
-        srv.record(path, produced, conn.gone)
+        srv.record(path, job, produced, conn.gone)
     if cut := srv.cut_short(job):
         raise cut
     value = fmt.whole(model_id(), "".join(parts), fmt.finish(job.reason, matcher.matched), prompt, produced)
@@ -94,4 +94,4 @@ async def stream(srv: Server, conn: Connection, path: str, fmt: Format, api: Api
         end = enc.error(cut.message) if cut else enc.end(fmt.finish(job.reason, matcher.matched), produced)
     if not left:
         await conn.send(end, srv.config.write_timeout)
-    srv.record(path, produced, left)
+    srv.record(path, job, produced, left)

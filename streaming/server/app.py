@@ -13,6 +13,7 @@ import asyncio
 import signal
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NamedTuple
 
@@ -21,10 +22,12 @@ from streaming.generation.runner import Runner
 from streaming.server import apis, info, plain, resumable, websocket
 from streaming.server.config import Config
 from streaming.server.connection import Budget, Connection
-from streaming.server.guard import allowed_hosts, check_host, check_json, check_key
+from streaming.server.guard import allowed_hosts, check_host, check_json, check_key, cors, preflight
+from streaming.server.metrics import Metrics
 from streaming.server.streams import Store
 from streaming.wire.anthropic import Anthropic
 from streaming.wire.errors import InvalidRequest, ProtocolError
+from streaming.wire.http11 import response
 from streaming.wire.openai import OpenAI
 from streaming.wire.params import GenerationParams
 
@@ -38,19 +41,23 @@ class Route(NamedTuple):
     methods: tuple[str, ...]
     handler: Handler
     api: Any = None  # a wire format object: the /v1/ family's error shape and encoders
-    open: bool = False  # answered without the API key (the page)
+    open: bool = False  # answered without the API key (the page, health and readiness)
+    model: bool = False  # generates: 503 while the model loads
 
 
 ROUTES = {
     "/": Route(("GET",), info.page, open=True),  # the browser page (page.html)
-    "/complete": Route(("POST",), plain.complete),
-    "/stream": Route(("POST", "GET"), plain.stream),  # GET ?prompt=...: EventSource's way, resumable
+    "/health": Route(("GET",), info.health, open=True),  # liveness: 200 while the process serves
+    "/ready": Route(("GET",), info.ready, open=True),  # readiness: 503 while loading or draining
+    "/complete": Route(("POST",), plain.complete, model=True),
+    "/stream": Route(("POST", "GET"), plain.stream, model=True),  # GET ?prompt=...: EventSource's way, resumable
     "/stop": Route(("POST",), resumable.stop),  # {"id": stream}: stop a resumable stream now
-    "/ws": Route(("GET",), websocket.websocket),
+    "/ws": Route(("GET",), websocket.websocket, model=True),
     "/log": Route(("GET",), info.log),
-    "/metrics": Route(("GET",), info.metrics),
-    "/v1/chat/completions": Route(("POST",), apis.answer, OpenAI()),  # OpenAI's wire format
-    "/v1/messages": Route(("POST",), apis.answer, Anthropic()),  # Anthropic's
+    "/metrics": Route(("GET",), info.metrics),  # Prometheus' text format
+    "/metrics.json": Route(("GET",), info.metrics_json),  # the same counts and more, as JSON
+    "/v1/chat/completions": Route(("POST",), apis.answer, OpenAI(), model=True),  # OpenAI's wire format
+    "/v1/messages": Route(("POST",), apis.answer, Anthropic(), model=True),  # Anthropic's
     "/v1/models": Route(("GET",), apis.models, OpenAI()),
 }
 
@@ -65,9 +72,17 @@ class Server:
         self.streams = Store(config.resume_streams, config.resume_keep, config.resume_orphans)  # resumable
         self.pumps: set[asyncio.Task[Any]] = set()  # their tasks, which outlive their readers
         self.bodies = Budget(config.body_memory)  # request bodies still arriving, all together
-        self.port = config.port  # the listening port, once known (serve)
         self.hosts = allowed_hosts(config.host, config.allow_host)
         self.closing = False  # shutdown: the grace is over, answers still running end with an error
+        self.loading = False  # the model is loading: /ready says 503, generating endpoints too
+        self.draining = False  # shutdown has begun: /ready says 503
+        self.metrics = Metrics(
+            {
+                "streaming_requests_active": ("Requests generating now", lambda: len(self.runner.stats.active)),
+                "streaming_requests_waiting": ("Requests waiting for a place in the batch", self.waiting),
+                "streaming_connections_open": ("Open client connections", lambda: len(self.connections)),
+            }
+        )
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -99,26 +114,43 @@ class Server:
                 pass
 
     async def dispatch(self, conn: Connection, request: Any) -> None:
-        check_host(request, self.hosts, self.port)
+        check_host(request, self.hosts)
         route = ROUTES.get(request.path)
         if route is None:
             raise ProtocolError(f"no such path: {request.path}", 404)
         if route.api is not None:  # the /v1/ family answers every error in its API's shape
             conn.api, conn.error_body, conn.invalid_status = route.api, route.api.error_body, 400
+        if request.path != "/ws":  # (a WebSocket's Origin is checked in its handshake)
+            conn.extra_headers = cors(request, self.config.allow_origin) or []
+        if request.method == "OPTIONS":
+            fields = preflight(request, self.config.allow_origin, route.methods)
+            conn.extra_headers = []
+            conn.write(response(204, content_type=None, headers=fields))
+            return
         if request.method not in route.methods:
             allow = ", ".join(route.methods)
             raise ProtocolError(f"{request.path} takes {' or '.join(route.methods)}", 405, headers=[("Allow", allow)])
         if not route.open:
             check_key(request, self.config.api_key)
         check_json(request)
+        if route.model and self.loading:
+            raise ProtocolError("the model is still loading: GET /ready says when", 503, headers=[("Retry-After", "2")])
         await route.handler(self, conn, request)
 
     def job(self, ids: list[int], params: GenerationParams) -> Job:
         return self.runner.start(ids, params)
 
-    def record(self, path: str, produced: int, left: bool, what: str = "client left early") -> None:
+    def record(self, path: str, job: Job, produced: int, left: bool, what: str = "client left early") -> None:
+        """The article's log line, and the request's metrics."""
         self.log.append([path, produced, left])
         print(f"{path}: generated {produced} tokens, {what}: {left}", flush=True)
+        if job.reason is None:
+            outcome = "error"
+        elif left and what == "client left early":
+            outcome = "reader_left"
+        else:
+            outcome = "stopped" if job.reason == "stopped" else "finished"
+        self.metrics.ended(path, job, outcome)
 
     def watcher(self, conn: Connection, job: Job) -> asyncio.Task[None] | None:
         return None if self.config.naive else asyncio.create_task(conn.watch(job))
@@ -143,6 +175,12 @@ class Server:
                 return
             if isinstance(item, BaseException):
                 raise ProtocolError(f"generation failed: {item}", 500, close_code=1011, kind="generation_failed")
+            now = time.monotonic()
+            if job.last_at is None:
+                job.first_at = now
+            else:
+                self.metrics.gaps.observe(now - job.last_at)
+            job.last_at = now
             yield item
 
     async def relay(self, conn: Connection, job: Job, frame: Callable[[str], bytes], keep_alive: bytes, matcher=None):
@@ -172,7 +210,11 @@ class Server:
             left = not await conn.send(frame(rest), timeout)
         return left
 
-    def metrics(self) -> dict[str, Any]:
+    def waiting(self) -> float:
+        return float(self.runner.metrics().get("waiting", 0))
+
+    def status(self) -> dict[str, Any]:
+        """/metrics.json: the counts as JSON."""
         stats = self.runner.stats
         return {
             **info.model_facts(),
@@ -193,6 +235,7 @@ class Server:
         then stop the rest, which end as their endpoint says an error (an error event, a 503, a
         close 1001) and are logged; cancel only what still runs after that."""
         listener.close()
+        self.draining = True
         busy = set(self.connections) | set(self.pumps)
         if busy:
             await asyncio.wait(busy, timeout=self.config.shutdown_grace)
@@ -213,17 +256,38 @@ class Server:
         return None
 
 
-async def serve(config: Config) -> None:
+async def serve(config: Config, load: Callable[[], str] | None = None) -> int:
+    """Listen at once, then run `load` (the model) in a thread while /health and /ready answer;
+    serve until SIGTERM or SIGINT, then drain. The exit status: 1 if the model failed to load."""
     srv = Server(config)
     # asyncio sets TCP_NODELAY on every connection
     listener = await asyncio.start_server(srv.handle, config.host, config.port, backlog=config.backlog)
-    port = srv.port = listener.sockets[0].getsockname()[1]
+    port = listener.sockets[0].getsockname()[1]
     print(f"listening on http://{config.host}:{port}{' (naive)' if config.naive else ''}", flush=True)
     done = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, done.set)
+    failed: list[BaseException] = []
+
+    async def loading() -> None:
+        try:
+            print(await asyncio.to_thread(load), flush=True)  # type: ignore[arg-type]
+            srv.loading = False
+        except Exception as e:  # noqa: BLE001 - a model that cannot load ends the server, in one line
+            failed.append(e)
+            done.set()
+
+    if load is not None:
+        srv.loading = True
+        loader = asyncio.create_task(loading())
     async with listener:
         await done.wait()
         await srv.shutdown(listener)
+    if load is not None:
+        loader.cancel()
+    if failed:
+        print(f"error: {failed[0]}", file=sys.stderr, flush=True)
+        return 1
     print("shut down", flush=True)
+    return 0

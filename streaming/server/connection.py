@@ -51,6 +51,8 @@ class Connection:
         self.error_body: Callable[[ProtocolError], Any] = error_body
         self.invalid_status: int | None = None
         self.api: Any = None  # the /v1/ family: the route's wire format object
+        self.extra_headers: list[tuple[str, str]] = []  # added to the response's head (CORS)
+        self.head_sent = False
 
     async def read_request(self, timeout: float, bodies: Budget) -> Request | None:
         """The request, or None if the client left first; 408 if it takes over `timeout`; 503 if
@@ -118,13 +120,19 @@ class Connection:
         try:
             if self.ws is not None:
                 await self.ws.close(err.close_code, err.message)
-            elif not self.started:
-                self.writer.write(json_response(err.status, self.error_body(err), err.headers))
+            elif not self.started and not self.head_sent:
+                self.write(json_response(err.status, self.error_body(err), err.headers))
                 await self.writer.drain()
         except ConnectionError:
             pass
 
     def write(self, data: bytes) -> None:
+        """Write bytes; the first write is the response's head, which gets `extra_headers`."""
+        if not self.head_sent and self.extra_headers:
+            at = data.index(b"\r\n") + 2  # after the status line
+            fields = "".join(f"{k}: {v}\r\n" for k, v in self.extra_headers).encode("latin-1")
+            data = data[:at] + fields + data[at:]
+        self.head_sent = True
         if not self.writer.transport.is_closing():
             self.writer.write(data)
 

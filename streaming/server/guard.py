@@ -3,7 +3,8 @@ DNS rebinding), the API key, and JSON-only POSTs (against cross-site form posts)
 
 A page on a rebinding domain (evil.example resolving to 127.0.0.1) reaches a server on the
 loopback with `Host: evil.example:PORT`, so a server bound to a loopback address accepts only
-the names that address is reached by (`127.0.0.1`, `localhost`, `[::1]`, with its port or none),
+the names that address is reached by (`127.0.0.1`, `localhost`, `[::1]`, on any port: a proxy in
+front passes its own; the port is no defence anyway, a browser names the port it connects to),
 plus `--allow-host` names; `*` accepts any (behind a proxy that checks them). Bound elsewhere it
 accepts any host unless --allow-host names some. A browser sends a cross-site POST without a
 preflight only as text/plain or a form; requiring `application/json` on every POST that carries
@@ -44,7 +45,7 @@ def loopback(host: str) -> bool:
         return False
 
 
-def check_host(request: Request, allowed: frozenset[str] | None, port: int) -> None:
+def check_host(request: Request, allowed: frozenset[str] | None) -> None:
     """421 for a Host this server is not meant to be reached by; 400 for one that does not parse."""
     value = request.headers.get("host")
     if value is None:
@@ -52,8 +53,8 @@ def check_host(request: Request, allowed: frozenset[str] | None, port: int) -> N
     parsed = authority(value, 0)
     if parsed is None:
         raise ProtocolError("the Host header is malformed", 400)
-    name, given = parsed
-    if allowed is not None and (name not in allowed or given not in (0, port)):
+    name, _ = parsed
+    if allowed is not None and name not in allowed:
         message = f"this server is not reached as {value} (--allow-host adds a name)"
         raise ProtocolError(message, 421, kind="misdirected_request")
 
@@ -83,3 +84,35 @@ def check_json(request: Request) -> None:
         raise ProtocolError(
             "send the body as Content-Type: application/json", 415, headers=[("Accept", "application/json")]
         )
+
+
+# --- CORS: --allow-origin governs which other origins' pages may call the HTTP endpoints ------
+
+EXPOSED = "Content-Type, Retry-After, X-Accel-Buffering"  # what a streaming client may read
+PREFLIGHT_SECONDS = "600"  # how long a browser may cache a preflight's answer
+
+
+def cors(request: Request, allowed: tuple[str, ...]) -> list[tuple[str, str]] | None:
+    """The CORS header fields for a request from another origin's page if --allow-origin lists
+    that origin (or *); None if it does not (then the browser keeps the answer from the page)."""
+    origin = request.headers.get("origin")
+    if origin is None or not allowed:
+        return []
+    if "*" not in allowed and origin not in allowed:
+        return None
+    fields = [("Access-Control-Allow-Origin", origin), ("Vary", "Origin")]
+    return fields + [("Access-Control-Expose-Headers", EXPOSED)]
+
+
+def preflight(request: Request, allowed: tuple[str, ...], methods: tuple[str, ...]) -> list[tuple[str, str]]:
+    """An OPTIONS preflight's answer: the methods of the route and the headers asked for; 403
+    for an origin not allowed."""
+    fields = cors(request, allowed)
+    if not fields:
+        raise ProtocolError(f"origin {request.headers.get('origin', '(none)')} is not allowed", 403)
+    asked = request.headers.get("access-control-request-headers", "")
+    return fields + [
+        ("Access-Control-Allow-Methods", ", ".join((*methods, "OPTIONS"))),
+        ("Access-Control-Allow-Headers", asked or "Content-Type, Authorization, x-api-key, Last-Event-ID"),
+        ("Access-Control-Max-Age", PREFLIGHT_SECONDS),
+    ]

@@ -1,8 +1,9 @@
-"""The page and the status endpoints: GET / (page.html), GET /log, GET /metrics.
+"""The page and the status endpoints: GET / (page.html), GET /health, GET /ready, GET /log,
+GET /metrics (Prometheus' text) and GET /metrics.json.
 
 /log is the record of finished requests, a list of [path, generated_tokens, client_left_early];
-/metrics is JSON: the model, the counts of requests, generations and connections, and the
-engine's own. Leaves out Prometheus' format.
+/metrics.json is JSON: the model, the counts of requests, generations and connections, and the
+engine's own; /metrics is metrics.py's. Leaves out everything a dashboard does.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import lm
 from streaming.server.connection import Connection
+from streaming.server.metrics import CONTENT_TYPE
 from streaming.wire.http11 import Request, json_response, response
 
 if TYPE_CHECKING:
@@ -35,9 +37,24 @@ async def page(_srv: Server, conn: Connection, _request: Request) -> None:
     conn.write(response(200, body, "text/html; charset=utf-8", [("Cache-Control", "no-cache")]))
 
 
+async def health(_srv: Server, conn: Connection, _request: Request) -> None:
+    """Liveness: the process answers."""
+    conn.write(json_response(200, {"status": "ok"}))
+
+
+async def ready(srv: Server, conn: Connection, _request: Request) -> None:
+    """Readiness: 200 when requests can be served; 503 while the model loads or the server drains."""
+    state = "draining" if srv.draining else "loading" if srv.loading else "ready"
+    conn.write(json_response(200 if state == "ready" else 503, {"status": state}))
+
+
 async def log(srv: Server, conn: Connection, _request: Request) -> None:
     conn.write(json_response(200, srv.log))
 
 
 async def metrics(srv: Server, conn: Connection, _request: Request) -> None:
-    conn.write(json_response(200, srv.metrics()))
+    conn.write(response(200, srv.metrics.text(), CONTENT_TYPE))
+
+
+async def metrics_json(srv: Server, conn: Connection, _request: Request) -> None:
+    conn.write(json_response(200, srv.status()))

@@ -46,7 +46,7 @@ async def complete(srv: Server, conn: Connection, request: Request) -> None:
         job.stop.set()  # whatever happened, this request's generation must end
         if watcher:
             watcher.cancel()
-        srv.record("/complete", await job.done, left)
+        srv.record("/complete", job, await job.done, left)
     if left:
         return
     if cut := srv.cut_short(job):
@@ -76,4 +76,4 @@ async def stream(srv: Server, conn: Connection, request: Request) -> None:
     left = left or conn.gone
     if not left:
         await conn.send(end, srv.config.write_timeout)
-    srv.record("/stream", await job.done, left)
+    srv.record("/stream", job, await job.done, left)

@@ -71,7 +71,7 @@ async def pump(srv: Server, rec: Recording) -> None:
     finally:
         job.stop.set()
         rec.end()
-        srv.record("/stream", await job.done, job.reason == "stopped", "stopped early")
+        srv.record("/stream", job, await job.done, job.reason == "stopped", "stopped early")
 
 
 async def follow(srv: Server, conn: Connection, rec: Recording, after: int) -> None:

@@ -158,4 +158,4 @@ async def session(srv: Server, ws: WebSocket) -> None:
     finally:
         job.stop.set()
         listener.cancel()
-    srv.record("/ws", await job.done, stopped, "client said stop")
+    srv.record("/ws", job, await job.done, stopped, "client said stop")

@@ -1,0 +1,66 @@
+"""What operators scrape: GET /metrics in Prometheus' text format (prometheus_client encodes it).
+
+Per server (its own registry): histograms of the time to first text by endpoint, of the gaps
+between pieces, of the whole answer's time, of prompt and answer tokens; counters of requests by
+endpoint and outcome (finished, reader_left, stopped, error) and of the tokens generated after a
+stop; gauges, read at scrape time, of the requests generating and waiting and the open
+connections. The same counts as JSON are at /metrics.json (what the tests and tools read).
+Leaves out: per-model labels (one model a server) and the engine's internals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+SECONDS = (0.025, 0.05, 0.1, 0.18, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)  # 0.18 s: a reader's pace
+LONG_SECONDS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+TOKENS = (1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 32768)
+OUTCOMES = ("finished", "reader_left", "stopped", "error")
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class Metrics:
+    def __init__(self, gauges: dict[str, tuple[str, Callable[[], float]]]) -> None:
+        self.registry = r = CollectorRegistry()
+        self.ttft = Histogram(
+            "streaming_time_to_first_text_seconds",
+            "From the request to its first text",
+            ["endpoint"],
+            registry=r,
+            buckets=SECONDS,
+        )
+        self.gaps = Histogram("streaming_gap_seconds", "Between two pieces of one answer", registry=r, buckets=SECONDS)
+        self.answer = Histogram(
+            "streaming_answer_seconds",
+            "From the request to its last piece",
+            ["endpoint"],
+            registry=r,
+            buckets=LONG_SECONDS,
+        )
+        self.prompt_tokens = Histogram("streaming_prompt_tokens", "Tokens of a prompt", registry=r, buckets=TOKENS)
+        self.answer_tokens = Histogram(
+            "streaming_answer_tokens", "Tokens generated for a request", registry=r, buckets=TOKENS
+        )
+        self.requests = Counter("streaming_requests", "Requests that ended", ["endpoint", "outcome"], registry=r)
+        self.after_stop = Counter(
+            "streaming_tokens_after_stop", "Tokens generated after a request was stopped (for nobody)", registry=r
+        )
+        for name, (doc, read) in gauges.items():
+            Gauge(name, doc, registry=r).set_function(read)
+
+    def ended(self, endpoint: str, job: Any, outcome: str) -> None:
+        """One request's figures, when it is logged."""
+        if job.first_at is not None:
+            self.ttft.labels(endpoint).observe(job.first_at - job.created)
+            self.answer.labels(endpoint).observe(job.last_at - job.created)
+        self.prompt_tokens.observe(len(job.ids))
+        self.answer_tokens.observe(job.produced)
+        self.requests.labels(endpoint, outcome).inc()
+        if job.stop.at is not None:
+            self.after_stop.inc(max(0, job.produced - job.stop.at))
+
+    def text(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,169 @@
+"""What operators expect (issue 13): Prometheus' text at /metrics that prometheus_client parses,
+with values that match what was served; /health and /ready through loading, serving and
+draining; and command-line mistakes ending in one line and a non-zero exit."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from helpers import ROOT, ServerProcess, http
+from prometheus_client.parser import text_string_to_metric_families
+
+from streaming.launch import Process, python
+
+
+def scrape(port):
+    status, headers, body = http(port, "GET", "/metrics")
+    assert status == 200 and headers["content-type"].startswith("text/plain")
+    samples = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return samples
+
+
+def value(samples, name, **labels):
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def test_prometheus_text_matches_what_was_served():
+    s = ServerProcess("--engine", "free").wait()
+    try:
+        port = s.port
+        sizes = [3, 5, 8]
+        for n in sizes:
+            assert http(port, "POST", "/complete", {"prompt": "Hi", "max_tokens": n})[0] == 200
+        status, _, body = http(port, "POST", "/stream", {"prompt": "Hi", "max_tokens": 4})
+        assert status == 200 and body.rstrip().endswith(b"[DONE]")
+        assert http(port, "POST", "/complete", {"prompt": 5})[0] == 422  # never generated: not counted
+        m = scrape(port)
+        finished = value(m, "streaming_requests_total", endpoint="/complete", outcome="finished")
+        assert finished == 3 and value(m, "streaming_requests_total", endpoint="/stream", outcome="finished") == 1
+        assert value(m, "streaming_answer_tokens_count") == 4
+        assert value(m, "streaming_answer_tokens_sum") == sum(sizes) + 4
+        assert value(m, "streaming_time_to_first_text_seconds_count", endpoint="/complete") == 3
+        assert value(m, "streaming_gap_seconds_count") == sum(n - 1 for n in sizes) + 3  # one less than pieces
+        assert value(m, "streaming_connections_open") == 1  # this scrape's own
+        assert value(m, "streaming_requests_active") == 0 and value(m, "streaming_requests_waiting") == 0
+        assert json.loads(http(port, "GET", "/metrics.json")[2])["requests_logged"] == 4  # the JSON stays
+    finally:
+        s.stop()
+
+
+def test_a_reader_leaving_is_counted_with_the_tokens_after_its_stop(servers):
+    port = servers["slow"].port
+    before = scrape(port)
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port)) as c:
+        body = json.dumps({"prompt": "Hi", "max_tokens": 200}).encode()
+        head = "POST /stream HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        c.sendall(head.encode() + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        c.recv(4096)
+    deadline = time.monotonic() + 20
+    key = dict(endpoint="/stream", outcome="reader_left")
+    while value(scrape(port), "streaming_requests_total", **key) == value(before, "streaming_requests_total", **key):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    after = scrape(port)
+    extra = value(after, "streaming_tokens_after_stop_total") - value(before, "streaming_tokens_after_stop_total")
+    assert 0 <= extra <= 1
+
+
+def test_ready_is_503_while_the_model_loads_and_while_draining():
+    """Listening comes first: /health and /ready answer while the model loads."""
+    p = Process("server", python("server.py", "--model", "tiny", "--port", "0", "--token-delay", "0.05"), stderr=True)
+    try:
+        p.ready.wait(60)
+        seen, generating = set(), set()
+        deadline = time.monotonic() + 120
+        while "ready" not in seen and time.monotonic() < deadline:
+            status, _, body = http(p.port, "GET", "/ready")
+            seen.add((status, json.loads(body)["status"]))
+            assert http(p.port, "GET", "/health")[0] == 200
+            generating.add(http(p.port, "POST", "/complete", {"prompt": "Hi", "max_tokens": 2})[0])
+            seen.add("ready" if status == 200 else "")
+        assert {(503, "loading"), (200, "ready")} <= seen
+        assert 503 in generating  # the model was loading: 503 with Retry-After, not a hang
+        import socket
+
+        with socket.create_connection(("127.0.0.1", p.port)) as c:  # a long answer keeps it draining
+            body = json.dumps({"prompt": "Hi", "max_tokens": 200, "ignore_eos": True}).encode()
+            head = "POST /stream HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            c.sendall(head.encode() + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            c.recv(100)
+            p.proc.send_signal(signal.SIGTERM)
+            time.sleep(0.3)
+            # the listener is closed: a new connection is refused (a balancer takes the replica out)
+            with pytest.raises(OSError):
+                http(p.port, "GET", "/ready")
+    finally:
+        p.stop()
+
+
+@pytest.mark.parametrize(
+    "argv,says",
+    [
+        (["server.py", "--model", "no-such-model"], "unknown model 'no-such-model'"),
+        (["server.py", "--model", "/nowhere/x.gguf"], "no such .gguf file"),
+        (["server.py", "--model", "tiny", "--device", "cuda"], "--device cuda"),
+        (["client.py", "measure", "--port", "9", "--prompts", "1"], "no server ready at 127.0.0.1:9"),
+    ],
+    ids=["unknown model", "missing gguf", "cuda on cpu", "measure without a server"],
+)
+def test_a_command_line_mistake_is_one_line_and_a_nonzero_exit(argv, says):
+    env = {"PATH": "/usr/bin:/bin"}
+    if argv[0] == "client.py":
+        env["STREAMING_READY_WAIT"] = "1"
+    out = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    lines = [line for line in out.stderr.splitlines() if not line.startswith("waiting for")]
+    assert out.returncode != 0 and len(lines) == 1 and says in lines[0], out.stderr
+
+
+# --- CORS --------------------------------------------------------------------------------------
+
+APP = "http://app.example:3000"
+
+
+@pytest.fixture(scope="module")
+def cors_server():
+    s = ServerProcess("--engine", "free", "--allow-origin", APP).wait()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.mark.parametrize("path,method", [("/stream", "POST"), ("/v1/chat/completions", "POST"), ("/log", "GET")])
+def test_a_preflight_from_an_allowed_origin(cors_server, path, method):
+    asked = [("Origin", APP), ("Access-Control-Request-Method", method)]
+    asked += [("Access-Control-Request-Headers", "content-type,authorization,x-stainless-lang")]
+    status, headers, body = http(cors_server.port, "OPTIONS", path, headers=asked)
+    assert status == 204 and body == b""
+    assert headers["access-control-allow-origin"] == APP and headers["vary"] == "Origin"
+    assert method in headers["access-control-allow-methods"].split(", ")
+    assert headers["access-control-allow-headers"] == "content-type,authorization,x-stainless-lang"
+    assert int(headers["access-control-max-age"]) > 0
+
+
+def test_the_actual_requests_carry_cors_headers_errors_too(cors_server):
+    port = cors_server.port
+    status, headers, body = http(port, "POST", "/stream", {"prompt": "Hi", "max_tokens": 3}, [("Origin", APP)])
+    assert status == 200 and headers["access-control-allow-origin"] == APP and body.rstrip().endswith(b"[DONE]")
+    assert "X-Accel-Buffering" in headers["access-control-expose-headers"]
+    status, headers, _ = http(port, "POST", "/complete", {"prompt": 5}, [("Origin", APP)])
+    assert status == 422 and headers["access-control-allow-origin"] == APP  # the page can read the error
+
+
+def test_nothing_for_an_origin_not_allowed(cors_server):
+    port = cors_server.port
+    evil = [("Origin", "http://evil.example"), ("Access-Control-Request-Method", "POST")]
+    status, headers, _ = http(port, "OPTIONS", "/stream", headers=evil)
+    assert status == 403 and "access-control-allow-origin" not in headers
+    status, headers, _ = http(port, "POST", "/complete", {"prompt": "Hi", "max_tokens": 2}, evil[:1])
+    assert status == 200 and "access-control-allow-origin" not in headers  # the browser keeps it from the page
+    status, headers, _ = http(port, "OPTIONS", "/nope", headers=evil)
+    assert status == 404
