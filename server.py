@@ -27,6 +27,8 @@ from streaming.server.app import serve
 from streaming.server.config import (
     BACKLOG,
     BODY_MEMORY,
+    KEEPALIVE_REQUESTS,
+    KEEPALIVE_TIMEOUT,
     PING_SECONDS,
     SHUTDOWN_GRACE,
     WRITE_TIMEOUT,
@@ -77,6 +79,13 @@ def parse_args(argv=None):
         "--max-body-memory", type=int, default=BODY_MEMORY, help="bytes all arriving bodies may hold: 503 past it"
     )
     p.add_argument(
+        "--keepalive-timeout",
+        type=float,
+        default=KEEPALIVE_TIMEOUT,
+        help="close a connection idle S s between requests",
+    )
+    p.add_argument("--keepalive-requests", type=int, default=KEEPALIVE_REQUESTS, help="requests on one connection")
+    p.add_argument(
         "--shutdown-grace", type=float, default=SHUTDOWN_GRACE, help="on SIGTERM, let answers finish for S s"
     )
     p.add_argument("--token-delay", type=float, default=0.0, help="testing: sleep S s after each token")
@@ -96,8 +105,8 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.queue and args.engine == "batched":
         p.error("--queue bounds a generation thread; use it with --engine thread")
-    if args.max_batch < 1 or args.prefill_chunk < 1:
-        p.error("--max-batch and --prefill-chunk must be at least 1")
+    if args.max_batch < 1 or args.prefill_chunk < 1 or args.keepalive_requests < 1:
+        p.error("--max-batch, --prefill-chunk and --keepalive-requests must be at least 1")
     return args
 
 

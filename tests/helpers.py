@@ -55,10 +55,34 @@ def split_response(raw):
     return head.status, head.headers, body + reader.trailing
 
 
+def read_response(s):
+    """(status, headers, body) of the next response on a socket: read as far as its end (its
+    length, its last chunk, or the connection closing), not further: keep-alive connections stay
+    open."""
+    reader, head, body = ResponseReader(), None, b""
+    while True:
+        event = reader.next_event()
+        if event is None:
+            try:
+                data = s.recv(65536)
+            except ConnectionResetError:
+                data = b""
+            if data:
+                reader.feed(data)
+            else:
+                reader.feed_eof()
+        elif event is END:
+            return head.status, head.headers, body
+        elif head is None:
+            head = event
+        else:
+            body += event
+
+
 def raw_request(port, data, timeout=30):
     with connect(port, timeout) as s:
         s.sendall(data)
-        return split_response(read_all(s))
+        return read_response(s)
 
 
 def http(port, method, path, body=None, headers=()):

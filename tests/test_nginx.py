@@ -73,3 +73,19 @@ def test_it_prints_one_line_per_case_and_all_hold(run):
                   "through nginx with proxy_read_timeout 2s"):  # fmt: skip
         assert start in out
     assert "through nginx, on our numbers: 6 of 6 hold" in out
+
+
+def test_nginx_reuses_its_connections_to_the_server(servers):
+    """`keepalive 16` in the upstream block, and no `Connection: close` passed on: five requests
+    from five clients travel on one upstream connection (the server keeps it open)."""
+    from helpers import http
+
+    port = servers["plain"].port
+    accepted = lambda: json.loads(http(port, "GET", "/metrics.json")[2])["connections_accepted"]  # noqa: E731
+    with nginxctl.Nginx(port) as n:
+        before = accepted()
+        for i in range(5):
+            status, _, body = http(n.port, "POST", "/complete", {"prompt": "Hi", "max_tokens": 2, "seed": i})
+            assert status == 200 and json.loads(body)["text"]
+        after = accepted()
+    assert after - before <= 2  # nginx's one upstream connection, and this count's own request

@@ -167,3 +167,90 @@ def test_nothing_for_an_origin_not_allowed(cors_server):
     assert status == 200 and "access-control-allow-origin" not in headers  # the browser keeps it from the page
     status, headers, _ = http(port, "OPTIONS", "/nope", headers=evil)
     assert status == 404
+
+
+# --- keep-alive ----------------------------------------------------------------------------------
+
+
+def exchange(port, data, timeout=30):
+    """Send `data` at once; read until the server closes; the responses, split."""
+    import socket
+
+    from streaming.wire.http11 import END, ResponseReader
+
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(data)
+        raw = b""
+        while chunk := s.recv(65536):
+            raw += chunk
+    out = []
+    while raw:
+        r = ResponseReader()
+        r.feed(raw)
+        r.feed_eof()
+        head, body = r.next_event(), b""
+        while (event := r.next_event()) is not END:
+            body += event
+        out.append((head.status, head.headers.get("connection"), body))
+        raw = r.trailing
+    return out
+
+
+def post_bytes(path, value, extra=""):
+    body = json.dumps(value).encode()
+    head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n{extra}"
+    return head.encode() + b"Content-Length: %d\r\n\r\n" % len(body) + body
+
+
+def test_pipelined_requests_are_answered_in_order_on_one_connection(servers):
+    port = servers["plain"].port
+    data = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    data += post_bytes("/complete", {"prompt": "Hi", "max_tokens": 3})
+    data += post_bytes(
+        "/v1/chat/completions", {"model": "x", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]}
+    )
+    data += b"GET /log HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    got = exchange(port, data)
+    assert [(status, conn) for status, conn, _ in got] == [(200, "keep-alive")] * 3 + [(200, "close")]
+    assert json.loads(got[1][2])["text"] and json.loads(got[2][2])["object"] == "chat.completion"
+
+
+def test_a_stream_an_error_and_http_1_0_close_the_connection(servers):
+    port = servers["plain"].port
+    got = exchange(port, post_bytes("/stream", {"prompt": "Hi", "max_tokens": 2}) + b"GET /log HTTP/1.1\r\n\r\n")
+    assert len(got) == 1 and got[0][1] == "close" and got[0][2].rstrip().endswith(b"[DONE]")  # until close
+    got = exchange(port, post_bytes("/complete", {"prompt": 5}) + b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    assert [(s, c) for s, c, _ in got] == [(422, "close")]
+    got = exchange(port, b"GET /health HTTP/1.0\r\n\r\nGET /health HTTP/1.0\r\n\r\n")
+    assert [(s, c) for s, c, _ in got] == [(200, "close")]
+
+
+def test_httpx_pools_one_connection_for_many_requests(servers):
+    import httpx
+
+    port = servers["plain"].port
+    before = json.loads(http(port, "GET", "/metrics.json")[2])["connections_accepted"]
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as c:
+        for i in range(3):
+            assert c.post("/complete", json={"prompt": "Hi", "max_tokens": 2, "seed": i}).status_code == 200
+            assert c.get("/log").status_code == 200
+    after = json.loads(http(port, "GET", "/metrics.json")[2])["connections_accepted"]
+    assert after - before == 2  # httpx's one connection, and this request's own
+
+
+def test_idle_and_per_connection_limits():
+    s = ServerProcess("--engine", "free", "--keepalive-timeout", "0.5", "--keepalive-requests", "2").wait()
+    try:
+        health = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        got = exchange(s.port, health * 3)
+        assert [(st, c) for st, c, _ in got] == [(200, "keep-alive"), (200, "close")]  # the second is the last
+        import socket
+
+        with socket.create_connection(("127.0.0.1", s.port), timeout=10) as c:
+            c.sendall(health)
+            assert c.recv(4096).startswith(b"HTTP/1.1 200")
+            t0 = time.monotonic()
+            assert c.recv(4096) == b""  # closed for idling
+            assert time.monotonic() - t0 < 5
+    finally:
+        s.stop()

@@ -9,9 +9,8 @@ from helpers import (
     WSClient,
     connect,
     http,
-    read_all,
+    read_response,
     server_log,
-    split_response,
     stream_texts,
     wait_for_log,
     wait_idle,
@@ -260,7 +259,7 @@ def test_expect_100_continue(servers):
         )
         assert s.recv(100) == b"HTTP/1.1 100 Continue\r\n\r\n"
         s.sendall(body)
-        status, _, out = split_response(read_all(s))
+        status, _, out = read_response(s)
     assert status == 200 and "text" in json.loads(out)
 
 
@@ -270,7 +269,7 @@ def test_a_slow_request_gets_408(servers):
         s.sendall(
             b"POST /complete HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
         )
-        status, _, body = split_response(read_all(s))
+        status, _, body = read_response(s)
     assert status == 408 and json.loads(body)["error"]["status"] == 408
 
 

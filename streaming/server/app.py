@@ -4,7 +4,7 @@ A request is read (connection.py), looked up in ROUTES (a path's methods, its ha
 error shape of its family), and handed to the handler, which streams a job's pieces through
 `pieces()` or `relay()`. Every error a handler raises reaches `Connection.fail`. Without --naive
 a job stops the moment its reader leaves; with it, it generates every token for nobody.
-Leaves out: keep-alive, TLS, HTTP/2, and chunked request bodies.
+Leaves out: TLS, HTTP/2, and chunked request bodies.
 """
 
 from __future__ import annotations
@@ -68,6 +68,8 @@ class Server:
         self.runner = runner or Runner(config.engine, config.job_settings(), config.max_batch, config.prefill_chunk)
         self.log: list[list[Any]] = []  # [path, generated tokens, client left early], one per finished request
         self.connections: set[asyncio.Task[Any]] = set()  # handler tasks
+        self.idle: set[asyncio.Task[Any]] = set()  # those waiting for a request: closed at once on shutdown
+        self.accepted = 0
         self.served = 0
         self.streams = Store(config.resume_streams, config.resume_keep, config.resume_orphans)  # resumable
         self.pumps: set[asyncio.Task[Any]] = set()  # their tasks, which outlive their readers
@@ -88,13 +90,10 @@ class Server:
         task = asyncio.current_task()
         assert task is not None
         self.connections.add(task)
+        self.accepted += 1
         conn = Connection(reader, writer)
         try:
-            request = await conn.read_request(self.config.request_timeout, self.bodies)
-            if request is not None:
-                self.served += 1
-                await self.dispatch(conn, request)
-                await conn.writer.drain()
+            await self.requests(conn, task)
         except (ProtocolError, InvalidRequest) as e:
             await conn.fail(e)
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -112,6 +111,30 @@ class Server:
                 await writer.wait_closed()
             except (ConnectionError, asyncio.CancelledError):
                 pass
+
+    async def requests(self, conn: Connection, task: asyncio.Task[Any]) -> None:
+        """The requests of one connection, one after another (pipelined ones in order), while it
+        may stay open: HTTP/1.1 without `Connection: close`, a response with a length, at most
+        --keepalive-requests of them, each within --keepalive-timeout of the last, not draining."""
+        config = self.config
+        for n in range(config.keepalive_requests):
+            self.idle.add(task)
+            try:
+                wait = config.request_timeout if n == 0 else config.keepalive_timeout
+                if self.draining or not await conn.next_bytes(wait):
+                    return
+            finally:
+                self.idle.discard(task)
+            request = await conn.read_request(config.request_timeout, self.bodies)
+            if request is None:
+                return
+            self.served += 1
+            close = "close" in request.headers.get("connection", "").lower() or request.version != "HTTP/1.1"
+            conn.begin(keep_alive=not close and n + 1 < config.keepalive_requests)
+            await self.dispatch(conn, request)
+            await conn.writer.drain()
+            if not conn.keep_alive or conn.gone:
+                return
 
     async def dispatch(self, conn: Connection, request: Any) -> None:
         check_host(request, self.hosts)
@@ -222,6 +245,7 @@ class Server:
             "active_generations": len(stats.active),
             "generation_threads": sum(t.name == "generate" for t in threading.enumerate()),
             "open_connections": len(self.connections),
+            "connections_accepted": self.accepted,
             "requests_served": self.served,
             "requests_logged": len(self.log),
             "requests_stopped": stats.stopped,  # early: the reader left or said stop
@@ -236,6 +260,8 @@ class Server:
         close 1001) and are logged; cancel only what still runs after that."""
         listener.close()
         self.draining = True
+        for task in list(self.idle):  # keep-alive connections between requests: nothing to finish
+            task.cancel()
         busy = set(self.connections) | set(self.pumps)
         if busy:
             await asyncio.wait(busy, timeout=self.config.shutdown_grace)

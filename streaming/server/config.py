@@ -18,6 +18,8 @@ PING_SECONDS = 15.0  # a keep-alive after this long without an event: under prox
 BACKLOG = 1024  # connections the kernel queues before accept: asyncio's 100 drops a burst's connects
 BODY_MEMORY = 64 * 1024 * 1024  # bytes all request bodies still arriving may hold together: 503 past it
 SHUTDOWN_GRACE = 30.0  # seconds in-flight answers may take to finish after SIGTERM
+KEEPALIVE_TIMEOUT = 5.0  # seconds an idle keep-alive connection waits for its next request (uvicorn's 5)
+KEEPALIVE_REQUESTS = 1000  # requests on one connection, then it closes (nginx's keepalive_requests)
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,8 @@ class Config:
     backlog: int = BACKLOG
     body_memory: int = BODY_MEMORY
     shutdown_grace: float = SHUTDOWN_GRACE
+    keepalive_timeout: float = KEEPALIVE_TIMEOUT
+    keepalive_requests: int = KEEPALIVE_REQUESTS
     token_delay: float = 0.0  # testing: sleep S s after each token
     fail_after: int | None = None  # testing: fail generation after N tokens
     first_delay: float = 0.0  # testing: S s of silence before the first token

@@ -3,7 +3,9 @@ and the one place an error becomes what the client sees (`fail`).
 
 Every write of a stream goes through `send`: write, and if the transport's buffer is over its
 high-water mark wait for it to drain for at most the write timeout, then drop the reader.
-Leaves out: keep-alive (one request a connection) and TLS.
+A connection carries requests one after another (keep-alive, and pipelined ones in order): `begin`
+starts each, `next_bytes` waits for the next, and `finish_head` says in each response whether the
+connection stays open. Leaves out: TLS.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from streaming.wire.errors import InvalidRequest, ProtocolError, error_body
-from streaming.wire.http11 import Request, RequestParser, head, json_response
+from streaming.wire.http11 import MAX_BODY, MAX_HEAD, Request, RequestParser, head, json_response
 
 READ_SIZE = 65536
 STREAM_SNDBUF = (
@@ -42,22 +44,41 @@ class Budget:
 class Connection:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader, self.writer = reader, writer
-        self.started = False  # the response has begun: an error can no longer be an HTTP status
         self.gone = False  # the watcher saw end-of-file: the client left
+        self.trailing = b""  # bytes read past the request: the next one's (pipelined), or a WebSocket's frames
+        self.begin(keep_alive=False)
+
+    def begin(self, keep_alive: bool) -> None:
+        """A new request on this connection: the per-request state, and whether the connection
+        may stay open after its response (HTTP/1.1 keep-alive, RFC 9112 §9.3)."""
+        self.keep_alive = keep_alive
+        self.started = False  # the response has begun: an error can no longer be an HTTP status
+        self.head_sent = False
         self.ws: Any = None  # the WebSocket once upgraded: errors become its close
-        self.trailing = b""  # bytes after the request (a WebSocket's first frames)
         # The endpoint family's error shape, and the status of a failed request check there
         # (None: the check's own, 422 or 400, as our endpoints answer; the APIs say 400).
         self.error_body: Callable[[ProtocolError], Any] = error_body
         self.invalid_status: int | None = None
         self.api: Any = None  # the /v1/ family: the route's wire format object
         self.extra_headers: list[tuple[str, str]] = []  # added to the response's head (CORS)
-        self.head_sent = False
+
+    async def next_bytes(self, timeout: float) -> bool:
+        """Wait up to `timeout` for the first bytes of another request; False if the client
+        closed or stayed silent (an idle keep-alive connection is then closed, without a 408)."""
+        if self.trailing:
+            return True
+        try:
+            data = await asyncio.wait_for(self.reader.read(READ_SIZE), timeout)
+        except asyncio.TimeoutError:
+            return False
+        self.trailing = data
+        return bool(data)
 
     async def read_request(self, timeout: float, bodies: Budget) -> Request | None:
         """The request, or None if the client left first; 408 if it takes over `timeout`; 503 if
         its body does not fit what `bodies` has left (it is reserved while the body arrives)."""
         parser, continued, reserved = RequestParser(), False, 0
+        parser.feed(self.trailing)
 
         async def read() -> Request | None:
             nonlocal continued, reserved
@@ -88,6 +109,22 @@ class Connection:
         self.trailing = parser.trailing
         return request
 
+    def finish_head(self, data: bytes) -> bytes:
+        """A response head as this connection sends it: with `extra_headers`, and `Connection:
+        keep-alive` instead of the head writer's `close` if the connection stays open, which it
+        can only when the body has a length (a stream's body ends with the connection)."""
+        end = data.find(b"\r\n\r\n")
+        head = data[:end].lower()
+        framed = b"\r\ncontent-length:" in head or head.startswith((b"http/1.1 204", b"http/1.1 304"))
+        self.keep_alive = self.keep_alive and framed and b"\r\nconnection: close" in head
+        if self.keep_alive:
+            data = data.replace(b"\r\nConnection: close\r\n", b"\r\nConnection: keep-alive\r\n", 1)
+        if self.extra_headers:
+            at = data.index(b"\r\n") + 2  # after the status line
+            fields = "".join(f"{k}: {v}\r\n" for k, v in self.extra_headers).encode("latin-1")
+            data = data[:at] + fields + data[at:]
+        return data
+
     def streaming(self) -> None:
         """This connection carries a stream: small buffers, so that a reader who reads nothing
         fills them soon and the write timeout drops it (else the kernel grows the send buffer to
@@ -117,6 +154,7 @@ class Connection:
         """The one place an error becomes what the client sees: a WebSocket close, or an HTTP
         response in the endpoint's error shape if the response has not begun."""
         err = self.problem(err)
+        self.keep_alive = False  # after an error the connection closes: the request may be half read
         try:
             if self.ws is not None:
                 await self.ws.close(err.close_code, err.message)
@@ -128,10 +166,8 @@ class Connection:
 
     def write(self, data: bytes) -> None:
         """Write bytes; the first write is the response's head, which gets `extra_headers`."""
-        if not self.head_sent and self.extra_headers:
-            at = data.index(b"\r\n") + 2  # after the status line
-            fields = "".join(f"{k}: {v}\r\n" for k, v in self.extra_headers).encode("latin-1")
-            data = data[:at] + fields + data[at:]
+        if not self.head_sent:
+            data = self.finish_head(data)
         self.head_sent = True
         if not self.writer.transport.is_closing():
             self.writer.write(data)
@@ -159,10 +195,14 @@ class Connection:
 
     async def watch(self, job: Any = None) -> None:
         """End-of-file on the request side means the client closed: stop its job at once.
-        (A client that half-closes after its request looks the same: see the README.)"""
+        (A client that half-closes after its request looks the same: see the README.) Bytes
+        that arrive meanwhile are the next request's, pipelined: kept, up to a request's size."""
         try:
-            while await self.reader.read(READ_SIZE):
-                pass
+            while data := await self.reader.read(READ_SIZE):
+                self.trailing += data
+                if len(self.trailing) > MAX_HEAD + MAX_BODY:
+                    self.keep_alive = False  # not a request any more: keep reading only for the end
+                    self.trailing = b""
         except ConnectionError:
             pass
         self.gone = True

@@ -10,9 +10,11 @@ Transfer-Encoding, 413 too large, 431 headers too large, 505 another HTTP versio
 bytes and returns its head, then its body's data, framed by Content-Length, chunked transfer
 coding (`ChunkedDecoder`) or the end of the connection, then `END`.
 
-No I/O here: the server and the clients read and write. Leaves out: chunked request bodies (411
-asks for a Content-Length instead), keep-alive and pipelining (every response closes the
-connection, as the article's does), absolute-form targets and obsolete line folding (both 400).
+No I/O here: the server and the clients read and write. `response()` says `Connection: close`;
+the server's connection turns it into keep-alive where it keeps the connection open (what
+follows a request in the parser's `trailing` is the next, pipelined). Leaves out: chunked
+request bodies (411 asks for a Content-Length instead), absolute-form targets and obsolete line
+folding (both 400).
 """
 
 from __future__ import annotations
