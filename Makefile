@@ -24,6 +24,7 @@ test: $(STAMP)
 	PYTHONASYNCIODEBUG=1 $(BIN)/python -m pytest
 
 reproduce: $(STAMP)
+	@mkdir -p results && touch results/.reproduce-start  # to list only what this run wrote
 	@echo "== scripts/split_chars.py: a character split across tokens"
 	$(BIN)/python scripts/split_chars.py --model $(MODEL)
 	@echo "== scripts/event_bytes.py: what one piece of text costs on the wire"
@@ -32,14 +33,16 @@ reproduce: $(STAMP)
 	$(BIN)/python scripts/reading_speed.py --model $(MODEL)
 	@echo "== experiments.py all: /complete vs /stream vs /ws, a reader leaving, saying stop, and the proxy"
 	$(BIN)/python experiments.py all --model $(MODEL)
+	@echo "== Debian's nginx, chromium and CJK and Thai fonts, for the next two (as root, when missing)"
+	@(command -v nginx && command -v chromium && [ -d /usr/share/fonts/opentype/noto ]) >/dev/null || \
+		[ "$$(id -u)" != 0 ] || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+		--no-install-recommends nginx chromium fonts-noto-cjk fonts-thai-tlwg >/dev/null) || \
+		echo "not installed: run apt-get install nginx chromium fonts-noto-cjk fonts-thai-tlwg as root"
 	@echo "== experiments.py nginx: the same path through a real nginx"
-	@command -v nginx >/dev/null || [ "$$(id -u)" != 0 ] || \
-		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null) || \
-		echo "nginx cannot be installed here"
 	$(BIN)/python experiments.py nginx --model $(MODEL)
 	@echo "== experiments.py page: the browser page mid-stream"
 	$(BIN)/python experiments.py page --model $(MODEL)
-	@echo "== written: results/*.json, results/timeline.png and results/page.png"
+	@echo "== written:" $$(find results -type f -newer results/.reproduce-start ! -name '.*' | sort)
 
 bench-detok: $(STAMP)
 	$(BIN)/python scripts/bench_detok.py

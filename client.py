@@ -233,7 +233,8 @@ async def api_post(fmt, prompt, n, url, stream=True, api_key=None, model=None, s
     tls = ssl.create_default_context() if u.scheme == "https" else None
     port = u.port or (443 if tls else 80)
     r, w = await asyncio.open_connection(u.hostname, port, ssl=tls, server_hostname=u.hostname if tls else None)
-    path = (u.path.rstrip("/") + spec["path"]) if not u.path.endswith(spec["path"]) else u.path
+    base = u.path.rstrip("/").removesuffix("/v1")  # an SDK's base_url ends in /v1; a bare host does not
+    path = u.path if u.path.endswith(spec["path"]) else base + spec["path"]
     body = json.dumps(api_body(fmt, prompt, n, stream, seed, model, extra)).encode()
     key = api_key or os.environ.get(spec["env"], "unused")
     auth = f"Bearer {key}" if spec["key"] == "Authorization" else key
@@ -381,18 +382,30 @@ async def server_info(host=None, port=None):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("command", choices=["measure"])
-    p.add_argument("--host", default=HOST)
-    p.add_argument("--port", type=int, default=PORT)
-    p.add_argument("--prompts", type=int, default=5)
-    p.add_argument("--max-tokens", type=int, default=100)
-    p.add_argument("--format", choices=["ours", "openai", "anthropic"], default="ours")
-    p.add_argument("--url", default=None, help="base URL of any server or proxy (openai/anthropic: http or https)")
+    p.add_argument("command", choices=["measure"], help="measure: each prompt each way, the article's table")
+    p.add_argument("--host", default=HOST, help="the server's address")
+    p.add_argument("--port", type=int, default=PORT, help="the server's port")
+    p.add_argument("--prompts", type=int, default=5, help="how many of prompts.json's prompts")
+    p.add_argument("--max-tokens", type=int, default=100, help="tokens asked for each answer")
+    p.add_argument(
+        "--format", choices=["ours", "openai", "anthropic"], default="ours", help="our endpoints, or an API's"
+    )
+    p.add_argument(
+        "--url", default=None, help="base URL of any server or proxy, as an SDK's base_url (with or without /v1)"
+    )
     p.add_argument(
         "--api-key", default=None, help="openai/anthropic: the key (else $OPENAI_API_KEY / $ANTHROPIC_API_KEY)"
     )
-    p.add_argument("--save", default="results/measure.json", help="where to save the figures ('' to skip)")
+    p.add_argument(
+        "--save",
+        default=None,
+        help="where to save the figures ('' to skip; default results/measure.json, and for another --url "
+        "results/measure-HOST.json, so a third party's run does not overwrite ours)",
+    )
     args = p.parse_args(argv)
+    if args.save is None:
+        third = args.url and args.format != "ours"
+        args.save = f"results/measure-{urlsplit(args.url).hostname}.json" if third else "results/measure.json"
     if args.url and args.format == "ours":  # our own endpoints through any host:port (a proxy, say)
         u = urlsplit(args.url)
         args.host, args.port, args.url = u.hostname, u.port or 80, None

@@ -347,6 +347,9 @@ def all_(args):
         say(f"server :{server.port}, naive :{naive.port}, proxy :{buffering.port}, --honor proxy :{honoring.port}")
         ports = (server.port, naive.port, buffering.port, honoring.port)
         results = asyncio.run(run_all(ports, args.prompts, args.max_tokens))
+        info = {k: results.get(k) for k in ("model", "device", "dtype", "quantize")}
+        measured = dict(info, prompts=args.prompts, max_tokens=args.max_tokens, **results["measure"])
+        client.save(Path(args.results) / "measure.json", measured)  # as `client.py measure` saves it
         say("event_bytes.py --live: the bytes of each wire format, one event and a whole answer")
         from scripts import event_bytes
 

@@ -238,15 +238,32 @@ def bundled_folder():
 
 
 def ensure_bundled_tokenizer():
-    """Save the tokenizer from the GGUF to a folder once (10 s from GGUF, under 1 s from a folder)."""
-    folder = bundled_folder()
+    return ensure_tokenizer(bundled_gguf, bundled_folder())
+
+
+def ensure_bundled_model():
+    return ensure_model(bundled_gguf, bundled_folder())
+
+
+def gguf_folder(path):
+    """The cache folder of a .gguf file given by path, keyed by its path, size and time: a changed
+    or moved file is converted again."""
+    p = Path(path).resolve()
+    st = p.stat()
+    key = hashlib.sha256(f"{p}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
+    return CACHE / f"{p.stem}-{key}"
+
+
+def ensure_tokenizer(gguf, folder):
+    """Save the tokenizer from the GGUF (`gguf()` gives its path) to a folder once (10 s from
+    GGUF, under 1 s from a folder)."""
     if (folder / "tokenizer.json").is_file():
         return folder
     from transformers import AutoTokenizer
 
-    gguf = bundled_gguf()
-    log("reading the tokenizer from the GGUF file (once, about 10 s)")
-    t = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    path = gguf()
+    log(f"reading the tokenizer from {path.name} (once, about 10 s)")
+    t = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     tmp = folder.with_name(folder.name + ".tok-tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     t.save_pretrained(tmp)
@@ -259,21 +276,21 @@ def ensure_bundled_tokenizer():
     return folder
 
 
-def ensure_bundled_model():
+def ensure_model(gguf, folder):
     """De-quantize the GGUF once and save it as safetensors plus config (about 30 s, once)."""
-    folder = ensure_bundled_tokenizer()
+    folder = ensure_tokenizer(gguf, folder)
     if (folder / "model.safetensors").is_file():
         return folder
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
 
-    gguf = bundled_gguf()
-    log("de-quantizing the bundled model (once, about 30 s)")
+    path = gguf()
+    log(f"de-quantizing {path.name} (once, about 30 s for 0.5B parameters)")
     t0 = time.perf_counter()
-    m = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    m = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
     log(f"de-quantized in {time.perf_counter() - t0:.0f} s; saving to {folder}")
     config = m.config.to_dict()
-    config["architectures"] = ["Qwen2ForCausalLM"]  # GGUF-loaded configs lack it; serving peers need it
+    config["architectures"] = [type(m).__name__]  # GGUF-loaded configs lack it; serving peers need it
     # The weights saved are dense: without this, a later load would take the GGUF-quantizer path.
     config.pop("quantization_config", None)
     config["dtype"] = "float32"
@@ -287,6 +304,17 @@ def ensure_bundled_model():
     return folder
 
 
+def served_name():
+    """The model's short name, as /v1/models gives it: the bundled model's, a .gguf file's stem,
+    a folder's name, or a hub id as it is."""
+    name = _setting["model"]
+    if name == "bundled":
+        return BUNDLED_NAME.removesuffix("-q4_k_m")
+    if name.endswith(".gguf") or Path(name).is_dir():
+        return Path(name).resolve().name.removesuffix(".gguf")
+    return name
+
+
 # --- loading --------------------------------------------------------------------------------
 
 
@@ -298,7 +326,7 @@ def tokenizer_source():
         return str(ensure_bundled_tokenizer()), {}
     if name.endswith(".gguf"):
         p = Path(name).resolve()
-        return str(p.parent), {"gguf_file": p.name}
+        return str(ensure_tokenizer(lambda: p, gguf_folder(p))), {}
     return name, {}
 
 
@@ -389,9 +417,9 @@ def model():
         m = ExactModel(load_tokenizer())
     elif name == "bundled":
         m = AutoModelForCausalLM.from_pretrained(str(ensure_bundled_model()), dtype=dtype())
-    elif name.endswith(".gguf"):
+    elif name.endswith(".gguf"):  # converted once into the cache, as the bundled model is
         p = Path(name).resolve()
-        m = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=dtype())
+        m = AutoModelForCausalLM.from_pretrained(str(ensure_model(lambda: p, gguf_folder(p))), dtype=dtype())
     else:
         m = AutoModelForCausalLM.from_pretrained(name, dtype=dtype())
     m = m.to(device=DEVICE, dtype=dtype()).eval()

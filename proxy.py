@@ -15,6 +15,8 @@ and everything else a real proxy does.
 import argparse
 import asyncio
 
+from streaming.wire.http11 import response
+
 BLOCK = 8192  # bytes: one memory page of nginx's proxy buffers on many systems
 
 
@@ -33,7 +35,7 @@ async def handle(client_r, client_w, args):
     try:
         up_r, up_w = await asyncio.open_connection(args.upstream_host, args.upstream_port)
     except OSError:
-        client_w.write(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        client_w.write(response(502, content_type=None))  # Content-Length: 0, Connection: close
         client_w.close()
         return
     up = asyncio.create_task(pipe_up(client_r, up_w))

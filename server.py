@@ -41,73 +41,78 @@ from streaming.wire.http11 import REQUEST_TIMEOUT
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--naive", action="store_true", help="the article's naive server: never notices a reader leaving")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8765, help="0 picks a free port (printed)")
+    p.add_argument("--host", default="127.0.0.1", help="the address to listen on (0.0.0.0: every interface)")
+    p.add_argument("--port", type=int, default=8765, help="the port to listen on; 0 picks a free one (printed)")
     lm.add_arguments(p)
-    p.add_argument(
-        "--engine",
-        choices=ENGINES,
-        default="batched",
-        help="batched: one thread steps every request at once; thread: the article's thread per "
-        "request; free: no model, ' x' pieces at once (measures the server's own cost per event)",
-    )
-    p.add_argument("--max-batch", type=int, default=MAX_BATCH, help="batched: requests per step; more wait")
-    p.add_argument("--prefill-chunk", type=int, default=PREFILL_CHUNK, help="batched: prompt tokens per step")
-    p.add_argument("--queue", type=int, default=0, help="thread engine: bound each request's queue to N pieces")
-    p.add_argument(
-        "--write-timeout", type=float, default=WRITE_TIMEOUT, help="drop a client whose writes can't drain for S s"
-    )
-    p.add_argument("--ping", type=float, default=PING_SECONDS, help="keep-alive after S s without an event")
-    p.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT, help="408 if a request takes longer")
-    p.add_argument(
-        "--allow-origin",
-        action="append",
-        default=[],
-        help="a page's Origin allowed to call the endpoints (CORS) and open /ws (repeat; * for any)",
-    )
-    p.add_argument(
-        "--allow-host",
-        action="append",
-        default=[],
-        help="a Host name accepted besides the loopback's (repeat; * for any)",
-    )
-    p.add_argument(
-        "--api-key", default=None, help="require this key on every endpoint but the page (Bearer, x-api-key, ?api_key=)"
-    )
-    p.add_argument("--backlog", type=int, default=BACKLOG, help="connections queued before accept")
-    p.add_argument(
-        "--max-body-memory", type=int, default=BODY_MEMORY, help="bytes all arriving bodies may hold: 503 past it"
-    )
-    p.add_argument(
-        "--keepalive-timeout",
-        type=float,
-        default=KEEPALIVE_TIMEOUT,
-        help="close a connection idle S s between requests",
-    )
-    p.add_argument("--keepalive-requests", type=int, default=KEEPALIVE_REQUESTS, help="requests on one connection")
-    p.add_argument(
-        "--shutdown-grace", type=float, default=SHUTDOWN_GRACE, help="on SIGTERM, let answers finish for S s"
-    )
-    p.add_argument("--token-delay", type=float, default=0.0, help="testing: sleep S s after each token")
-    p.add_argument("--fail-after", type=int, default=None, help="testing: fail generation after N tokens")
-    p.add_argument("--first-delay", type=float, default=0.0, help="testing: S s of silence before the first token")
-    p.add_argument(
-        "--drop-after", type=int, default=0, help="testing: drop a resumable stream's connection every N events"
-    )
-    p.add_argument(
-        "--resume-grace", type=float, default=GRACE_SECONDS, help="keep generating S s for a reader to come back"
-    )
-    p.add_argument("--resume-keep", type=float, default=KEEP_SECONDS, help="keep an ended stream S s for resuming")
-    p.add_argument("--resume-streams", type=int, default=KEEP_COUNT, help="keep at most N ended streams")
-    p.add_argument(
-        "--resume-orphans", type=int, default=ORPHANS, help="live streams with no reader: past N the oldest stops"
-    )
+    engine_options(p.add_argument_group("generation"))
+    limit_options(p.add_argument_group("limits and timeouts"))
+    access_options(p.add_argument_group("who may use it"))
+    resume_options(p.add_argument_group("resumable streams"))
+    testing_options(p.add_argument_group("testing and experiments"))
     args = p.parse_args(argv)
     if args.queue and args.engine == "batched":
         p.error("--queue bounds a generation thread; use it with --engine thread")
     if args.max_batch < 1 or args.prefill_chunk < 1 or args.keepalive_requests < 1:
         p.error("--max-batch, --prefill-chunk and --keepalive-requests must be at least 1")
     return args
+
+
+def engine_options(g):
+    g.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="batched",
+        help="batched: one thread steps every request at once; thread: the article's thread per "
+        "request; free: no model, ' x' pieces at once (measures the server's own cost per event)",
+    )
+    g.add_argument("--max-batch", type=int, default=MAX_BATCH, help="batched: requests per step; more wait")
+    g.add_argument("--prefill-chunk", type=int, default=PREFILL_CHUNK, help="batched: prompt tokens per step")
+    g.add_argument("--queue", type=int, default=0, help="thread engine: bound each request's queue to N pieces")
+    g.add_argument("--served-model-name", default=None, help="the model's id on /v1/ (default: its short name)")
+
+
+def limit_options(g):
+    g.add_argument(
+        "--write-timeout", type=float, default=WRITE_TIMEOUT, help="drop a reader that takes nothing for S s"
+    )
+    g.add_argument("--ping", type=float, default=PING_SECONDS, help="keep-alive after S s without an event")
+    g.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT, help="408 if a request takes longer")
+    g.add_argument("--backlog", type=int, default=BACKLOG, help="connections queued before accept")
+    g.add_argument("--max-body-memory", type=int, default=BODY_MEMORY, help="bytes all arriving bodies may hold")
+    g.add_argument("--keepalive-timeout", type=float, default=KEEPALIVE_TIMEOUT, help="idle S s, then close")
+    g.add_argument("--keepalive-requests", type=int, default=KEEPALIVE_REQUESTS, help="requests on one connection")
+    g.add_argument("--shutdown-grace", type=float, default=SHUTDOWN_GRACE, help="on SIGTERM, let answers finish S s")
+
+
+def access_options(g):
+    g.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        help="a page's Origin allowed to call the endpoints (CORS) and open /ws (repeat; * for any)",
+    )
+    g.add_argument(
+        "--allow-host", action="append", default=[], help="a Host name accepted besides the loopback's (repeat; *)"
+    )
+    g.add_argument(
+        "--api-key", default=None, help="required on every endpoint but the page (Bearer, x-api-key, ?api_key=)"
+    )
+
+
+def resume_options(g):
+    g.add_argument("--resume-grace", type=float, default=GRACE_SECONDS, help="generate S s for a reader to come back")
+    g.add_argument("--resume-keep", type=float, default=KEEP_SECONDS, help="keep an ended stream S s for resuming")
+    g.add_argument("--resume-streams", type=int, default=KEEP_COUNT, help="keep at most N ended streams")
+    g.add_argument(
+        "--resume-orphans", type=int, default=ORPHANS, help="live streams nobody reads: past N, stop the oldest"
+    )
+
+
+def testing_options(g):
+    g.add_argument("--token-delay", type=float, default=0.0, help="sleep S s after each token")
+    g.add_argument("--fail-after", type=int, default=None, help="fail generation after N tokens")
+    g.add_argument("--first-delay", type=float, default=0.0, help="S s of silence before the first token")
+    g.add_argument("--drop-after", type=int, default=0, help="drop a resumable stream's connection every N events")
 
 
 def config_of(args):
@@ -122,6 +127,9 @@ def load():
     """Load and warm up the model (in a thread, while the server already answers /ready)."""
     t0 = time.perf_counter()
     try:
+        from huggingface_hub.utils import logging as hub_logging
+
+        hub_logging.set_verbosity_error()  # a hub id offline: one line at the end, not five retry warnings
         lm.model()
     except lm.ModelError:
         raise

@@ -157,6 +157,9 @@ def static():
         ("this post's WebSocket frame", websocket),
     ):
         print(f"{name:31s} {len(b):4d} bytes for {len(text.encode())} bytes of text")
+    import client
+
+    client.save("results/event_bytes_article.json", {"text": text, **ARTICLE})
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ decoding token by token prints replacement characters, and the incremental detok
 
 import argparse
 
+import client
 import lm
 from detokenizer import Detokenizer
 
@@ -24,7 +25,15 @@ d = Detokenizer()
 pieces = [d.push(i) for i in ids] + [d.flush()]
 print("incremental:")
 print("  " + " | ".join(pieces[:-1]))
+figures = {
+    "model": lm.model_name(),
+    "tokens": len(ids),
+    "broken_one_by_one": sum("�" in p for p in naive),
+    "broken_incremental": sum("�" in p for p in pieces),
+    "joined_equal": "".join(pieces) == text,
+}
 print(
-    f"broken pieces one by one: {sum('�' in p for p in naive)}, incremental: "
-    f"{sum('�' in p for p in pieces)}; joined text equal to the original: {''.join(pieces) == text}"
+    f"broken pieces one by one: {figures['broken_one_by_one']}, incremental: "
+    f"{figures['broken_incremental']}; joined text equal to the original: {figures['joined_equal']}"
 )
+client.save("results/split_chars.json", dict(figures, one_by_one=naive, incremental=pieces[:-1]))

@@ -293,3 +293,5 @@ def test_measure_in_each_format_through_any_url(servers, fmt, tmp_path):
     assert json.loads(saved.read_text())[f"{fmt} stream"]["ratio"] > 2
     out += run(*measure, "--max-tokens", "8", "--save", "")
     assert f"{fmt} stream first text after" in out and "the same text both ways: True" in out
+    sdk_style = ["client.py", "measure", "--format", fmt, "--url", f"http://127.0.0.1:{port}/v1", "--prompts", "1"]
+    assert f"{fmt} stream first text after" in run(*sdk_style, "--max-tokens", "4", "--save", "")  # base_url form

@@ -123,3 +123,19 @@ def test_int8_quantization_generates_the_same_way_every_time():
         "print('ok')\n"
     )
     assert run_script("-W", "error", "-c", code).strip() == "ok"
+
+
+def test_a_gguf_file_gets_a_cache_folder_keyed_by_its_path_size_and_time(tmp_path, monkeypatch):
+    import os
+
+    f = tmp_path / "my-model-q4.gguf"
+    f.write_bytes(b"GGUF")
+    first = lm.gguf_folder(f)
+    assert first.parent == lm.CACHE and first.name.startswith("my-model-q4-") and lm.gguf_folder(f) == first
+    st = f.stat()
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert lm.gguf_folder(f) != first  # a changed file is converted again
+    monkeypatch.setitem(lm._setting, "model", str(f))
+    assert lm.served_name() == "my-model-q4"  # /v1/models: a short id, not the file's full path
+    monkeypatch.setitem(lm._setting, "model", "bundled")
+    assert lm.served_name() == "qwen2.5-coder-0.5b-instruct"

@@ -24,14 +24,14 @@ if TYPE_CHECKING:
     from streaming.server.app import Server
 
 
-def model_id() -> str:
-    name = lm.model_name()
-    return {"bundled": lm.BUNDLED_NAME.removesuffix("-q4_k_m")}.get(name, name)
+def model_id(srv: Server) -> str:
+    """--served-model-name, else the model's short name (never a file's full path)."""
+    return srv.config.served_model_name or lm.served_name()
 
 
-async def models(_srv: Server, conn: Connection, _request: Request) -> None:
+async def models(srv: Server, conn: Connection, _request: Request) -> None:
     fmt: Format = conn.api  # the route's format (app.ROUTES)
-    conn.write(json_response(200, {"object": "list", "data": [fmt.models(model_id())]}))
+    conn.write(json_response(200, {"object": "list", "data": [fmt.models(model_id(srv))]}))
 
 
 async def answer(srv: Server, conn: Connection, request: Request) -> None:
@@ -67,13 +67,13 @@ async def whole(srv: Server, conn: Connection, path: str, fmt: Format, api: ApiR
         srv.record(path, job, produced, conn.gone)
     if cut := srv.cut_short(job):
         raise cut
-    value = fmt.whole(model_id(), "".join(parts), fmt.finish(job.reason, matcher.matched), prompt, produced)
+    value = fmt.whole(model_id(srv), "".join(parts), fmt.finish(job.reason, matcher.matched), prompt, produced)
     if not conn.gone:
         conn.write(json_response(200, value))
 
 
 async def stream(srv: Server, conn: Connection, path: str, fmt: Format, api: ApiRequest, job: Any, prompt: int) -> None:
-    enc = fmt.stream(model_id(), api, prompt)
+    enc = fmt.stream(model_id(srv), api, prompt)
     conn.streaming()
     conn.write(SSE_HEAD)
     conn.started = True

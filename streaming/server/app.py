@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
-import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NamedTuple
@@ -47,6 +46,7 @@ class Route(NamedTuple):
 
 ROUTES = {
     "/": Route(("GET",), info.page, open=True),  # the browser page (page.html)
+    "/favicon.ico": Route(("GET",), info.no_icon, open=True),  # 204: browsers ask; no 404 in their console
     "/health": Route(("GET",), info.health, open=True),  # liveness: 200 while the process serves
     "/ready": Route(("GET",), info.ready, open=True),  # readiness: 503 while loading or draining
     "/complete": Route(("POST",), plain.complete, model=True),
@@ -79,11 +79,9 @@ class Server:
         self.loading = False  # the model is loading: /ready says 503, generating endpoints too
         self.draining = False  # shutdown has begun: /ready says 503
         self.metrics = Metrics(
-            {
-                "streaming_requests_active": ("Requests generating now", lambda: len(self.runner.stats.active)),
-                "streaming_requests_waiting": ("Requests waiting for a place in the batch", self.waiting),
-                "streaming_connections_open": ("Open client connections", lambda: len(self.connections)),
-            }
+            active=lambda: len(self.runner.stats.active),
+            waiting=lambda: self.runner.metrics().get("waiting", 0),
+            connections=lambda: len(self.connections),
         )
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -232,27 +230,6 @@ class Server:
         if matcher and not left and (rest := matcher.flush()):
             left = not await conn.send(frame(rest), timeout)
         return left
-
-    def waiting(self) -> float:
-        return float(self.runner.metrics().get("waiting", 0))
-
-    def status(self) -> dict[str, Any]:
-        """/metrics.json: the counts as JSON."""
-        stats = self.runner.stats
-        return {
-            **info.model_facts(),
-            "naive": self.config.naive,
-            "active_generations": len(stats.active),
-            "generation_threads": sum(t.name == "generate" for t in threading.enumerate()),
-            "open_connections": len(self.connections),
-            "connections_accepted": self.accepted,
-            "requests_served": self.served,
-            "requests_logged": len(self.log),
-            "requests_stopped": stats.stopped,  # early: the reader left or said stop
-            "tokens_after_stop": stats.tokens_after_stop,  # generated for nobody after those stops
-            "resumable_streams": len(self.streams.streams),
-            **self.runner.metrics(),
-        }
 
     async def shutdown(self, listener: asyncio.Server) -> None:
         """Drain: accept no more; let the answers in flight finish for --shutdown-grace seconds;

@@ -37,6 +37,7 @@ class Config:
     allow_origin: tuple[str, ...] = ()  # browser Origins allowed to open /ws (* for any)
     allow_host: tuple[str, ...] = ()  # Host names accepted besides the loopback's (* for any)
     api_key: str | None = None  # required on every endpoint but the page when set
+    served_model_name: str | None = None  # the model's id on /v1/ (default: its short name)
     backlog: int = BACKLOG
     body_memory: int = BODY_MEMORY
     shutdown_grace: float = SHUTDOWN_GRACE

@@ -9,6 +9,7 @@ engine's own; /metrics is metrics.py's. Leaves out everything a dashboard does.
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +38,10 @@ async def page(_srv: Server, conn: Connection, _request: Request) -> None:
     conn.write(response(200, body, "text/html; charset=utf-8", [("Cache-Control", "no-cache")]))
 
 
+async def no_icon(_srv: Server, conn: Connection, _request: Request) -> None:
+    conn.write(response(204, content_type=None))
+
+
 async def health(_srv: Server, conn: Connection, _request: Request) -> None:
     """Liveness: the process answers."""
     conn.write(json_response(200, {"status": "ok"}))
@@ -57,4 +62,23 @@ async def metrics(srv: Server, conn: Connection, _request: Request) -> None:
 
 
 async def metrics_json(srv: Server, conn: Connection, _request: Request) -> None:
-    conn.write(json_response(200, srv.status()))
+    conn.write(json_response(200, status(srv)))
+
+
+def status(srv: Server) -> dict[str, Any]:
+    """/metrics.json: the counts as JSON."""
+    stats = srv.runner.stats
+    return {
+        **model_facts(),
+        "naive": srv.config.naive,
+        "active_generations": len(stats.active),
+        "generation_threads": sum(t.name == "generate" for t in threading.enumerate()),
+        "open_connections": len(srv.connections),
+        "connections_accepted": srv.accepted,
+        "requests_served": srv.served,
+        "requests_logged": len(srv.log),
+        "requests_stopped": stats.stopped,  # early: the reader left or said stop
+        "tokens_after_stop": stats.tokens_after_stop,  # generated for nobody after those stops
+        "resumable_streams": len(srv.streams.streams),
+        **srv.runner.metrics(),
+    }

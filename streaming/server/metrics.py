@@ -23,7 +23,7 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
 class Metrics:
-    def __init__(self, gauges: dict[str, tuple[str, Callable[[], float]]]) -> None:
+    def __init__(self, active: Callable[[], float], waiting: Callable[[], float], connections: Callable[[], float]):
         self.registry = r = CollectorRegistry()
         self.ttft = Histogram(
             "streaming_time_to_first_text_seconds",
@@ -48,8 +48,11 @@ class Metrics:
         self.after_stop = Counter(
             "streaming_tokens_after_stop", "Tokens generated after a request was stopped (for nobody)", registry=r
         )
-        for name, (doc, read) in gauges.items():
-            Gauge(name, doc, registry=r).set_function(read)
+        Gauge("streaming_requests_active", "Requests generating now", registry=r).set_function(active)
+        Gauge("streaming_requests_waiting", "Requests waiting for a place in the batch", registry=r).set_function(
+            waiting
+        )
+        Gauge("streaming_connections_open", "Open client connections", registry=r).set_function(connections)
 
     def ended(self, endpoint: str, job: Any, outcome: str) -> None:
         """One request's figures, when it is logged."""
