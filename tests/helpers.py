@@ -45,14 +45,28 @@ def read_all(s):
 
 def split_response(raw):
     """(status, headers, body) of a whole response as received, through the project's
-    ResponseReader (a stream's body ends with the connection)."""
+    ResponseReader (a stream's body ends with the connection); what follows it, in the body."""
+    (status, headers, body), rest = one_response(raw)
+    return status, headers, body + rest
+
+
+def split_responses(raw):
+    """Every response in the bytes of a connection, in order: [(status, headers, body)]."""
+    out = []
+    while raw:
+        response, raw = one_response(raw)
+        out.append(response)
+    return out
+
+
+def one_response(raw):
     reader = ResponseReader()
     reader.feed(raw)
     reader.feed_eof()
     head, body = reader.next_event(), b""
     while (event := reader.next_event()) is not END:
         body += event
-    return head.status, head.headers, body + reader.trailing
+    return (head.status, head.headers, body), reader.trailing
 
 
 def read_response(s):

@@ -4,12 +4,13 @@ draining; and command-line mistakes ending in one line and a non-zero exit."""
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import time
 
 import pytest
-from helpers import ROOT, ServerProcess, http
+from helpers import ROOT, ServerProcess, http, read_all, split_responses
 from prometheus_client.parser import text_string_to_metric_families
 
 from streaming.launch import Process, python
@@ -56,8 +57,6 @@ def test_prometheus_text_matches_what_was_served():
 def test_a_reader_leaving_is_counted_with_the_tokens_after_its_stop(servers):
     port = servers["slow"].port
     before = scrape(port)
-    import socket
-
     with socket.create_connection(("127.0.0.1", port)) as c:
         body = json.dumps({"prompt": "Hi", "max_tokens": 200}).encode()
         head = "POST /stream HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
@@ -88,8 +87,6 @@ def test_ready_is_503_while_the_model_loads_and_while_draining():
             seen.add("ready" if status == 200 else "")
         assert {(503, "loading"), (200, "ready")} <= seen
         assert 503 in generating  # the model was loading: 503 with Retry-After, not a hang
-        import socket
-
         with socket.create_connection(("127.0.0.1", p.port)) as c:  # a long answer keeps it draining
             body = json.dumps({"prompt": "Hi", "max_tokens": 200, "ignore_eos": True}).encode()
             head = "POST /stream HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
@@ -173,27 +170,11 @@ def test_nothing_for_an_origin_not_allowed(cors_server):
 
 
 def exchange(port, data, timeout=30):
-    """Send `data` at once; read until the server closes; the responses, split."""
-    import socket
-
-    from streaming.wire.http11 import END, ResponseReader
-
+    """Send `data` at once; read until the server closes: [(status, Connection header, body)]."""
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
         s.sendall(data)
-        raw = b""
-        while chunk := s.recv(65536):
-            raw += chunk
-    out = []
-    while raw:
-        r = ResponseReader()
-        r.feed(raw)
-        r.feed_eof()
-        head, body = r.next_event(), b""
-        while (event := r.next_event()) is not END:
-            body += event
-        out.append((head.status, head.headers.get("connection"), body))
-        raw = r.trailing
-    return out
+        raw = read_all(s)
+    return [(status, headers.get("connection"), body) for status, headers, body in split_responses(raw)]
 
 
 def post_bytes(path, value, extra=""):
@@ -244,8 +225,6 @@ def test_idle_and_per_connection_limits():
         health = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
         got = exchange(s.port, health * 3)
         assert [(st, c) for st, c, _ in got] == [(200, "keep-alive"), (200, "close")]  # the second is the last
-        import socket
-
         with socket.create_connection(("127.0.0.1", s.port), timeout=10) as c:
             c.sendall(health)
             assert c.recv(4096).startswith(b"HTTP/1.1 200")
