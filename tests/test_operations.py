@@ -233,3 +233,9 @@ def test_idle_and_per_connection_limits():
             assert time.monotonic() - t0 < 5
     finally:
         s.stop()
+
+
+def test_a_malformed_request_after_a_kept_alive_one_still_gets_its_400(servers):
+    port = servers["plain"].port
+    got = exchange(port, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\nGARBAGE\r\n\r\n")
+    assert [(status, conn) for status, conn, _ in got] == [(200, "keep-alive"), (400, "close")]

@@ -123,12 +123,13 @@ class Server:
                     return
             finally:
                 self.idle.discard(task)
+            conn.begin(keep_alive=False)  # a fresh response: a 400 while reading must still be written
             request = await conn.read_request(config.request_timeout, self.bodies)
             if request is None:
                 return
             self.served += 1
             close = "close" in request.headers.get("connection", "").lower() or request.version != "HTTP/1.1"
-            conn.begin(keep_alive=not close and n + 1 < config.keepalive_requests)
+            conn.keep_alive = not close and n + 1 < config.keepalive_requests
             await self.dispatch(conn, request)
             await conn.writer.drain()
             if not conn.keep_alive or conn.gone:
