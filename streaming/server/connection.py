@@ -19,9 +19,9 @@ from streaming.wire.errors import InvalidRequest, ProtocolError, error_body
 from streaming.wire.http11 import MAX_BODY, MAX_HEAD, Request, RequestParser, head, json_response
 
 READ_SIZE = 65536
-STREAM_SNDBUF = (
-    16 * 1024
-)  # a stream's kernel send buffer (Linux doubles it): with the reader's ~100 KB, what a non-reader absorbs
+# A stream's kernel send buffer (Linux doubles it): with the reader's own ~100 KB, what a reader
+# who reads nothing absorbs before a write waits (unset, the kernel grows it to megabytes).
+STREAM_SNDBUF = 16 * 1024
 STREAM_HIGH_WATER = 16 * 1024  # a stream's transport buffer past which a write waits (asyncio's is 64 KiB)
 
 
