@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
+from streaming.qoe import EXPECTED_TTFT, READING_RATE, qoe
 from streaming.wire import http11, sse
 from streaming.wire import websocket as websocket_frames
 from streaming.wire.errors import ProtocolError
@@ -329,7 +330,27 @@ def summarize(rows):
     same = all(len({"".join(r.pieces) for r in answers}) == 1 for answers in zip(*rows.values(), strict=True))
     lines.append(f"the same text {'all three' if len(rows) == 3 else 'both'} ways: {same}")
     figures["same_text"] = same
+    for name, value in reader_qoe(rows).items():
+        figures[name]["qoe"] = value
+    lines.append(
+        f"the reader's QoE (first text expected within {EXPECTED_TTFT:g} s, reading {READING_RATE} tokens/s): "
+        + ", ".join(f"{name} {figures[name]['qoe']:.2f}" for name in rows)
+    )
     return lines, figures
+
+
+def reader_qoe(rows):
+    """Each way's mean QoE (streaming.qoe) over its answers. A piece is a token; a whole answer
+    arrives as one piece, weighed as the token count of the same answer streamed."""
+    out = {}
+    for name, rs in rows.items():
+        values = []
+        for k, r in enumerate(rs):
+            tokens = max(len(other[k].pieces) for other in rows.values())
+            arrivals = [(t, 1) for t in r.arrivals] if len(r.pieces) > 1 else [(r.total, tokens)]
+            values.append(qoe(arrivals))
+        out[name] = sum(values) / len(values)
+    return out
 
 
 async def get_json(path, host=None, port=None):

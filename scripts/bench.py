@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import client
+from streaming import qoe
 from streaming.launch import ROOT, Process, Server, free_port
 
 NS = [1, 4, 16, 32, 48, 64]  # concurrent readers
@@ -87,7 +88,9 @@ def figures(results, wall):
     ttft = [r.first for r in results if r.first is not None]
     gaps = [b - a for r in results for a, b in zip(r.arrivals, r.arrivals[1:], strict=False)]
     pieces = sum(len(r.pieces) for r in results)
+    quality = qoe.summary([qoe.qoe([(t, 1) for t in r.arrivals]) for r in results])  # a piece is a token
     return {
+        **quality,
         "ttft_p50": pct(ttft, 50),
         "ttft_p99": pct(ttft, 99),
         "gap_p50": pct(gaps, 50),
@@ -97,6 +100,10 @@ def figures(results, wall):
         "pieces": pieces,
         "wall_s": wall,
     }
+
+
+def share(x):
+    return "   -" if x is None else f"{x:4.2f}"
 
 
 def ms(x):
@@ -112,7 +119,9 @@ def metrics(port):
 
 def sweep(name, port, ns, ours=True, cutoff=CUTOFF, model=None, on_row=None):
     print(f"\n{name}", flush=True)
-    print("    N  TTFT p50  p99 ms   gap p50   p99   max ms   tokens/s   mean step ms", flush=True)
+    print(
+        "    N  TTFT p50  p99 ms   gap p50   p99   max ms   tokens/s   mean step ms   QoE mean  p10  >=.95", flush=True
+    )
     rows = {}
     asyncio.run(readers(port, 1, 5, ours=ours, model=model))  # warm
     for n in ns:
@@ -129,7 +138,8 @@ def sweep(name, port, ns, ours=True, cutoff=CUTOFF, model=None, on_row=None):
         step = f"{f['mean_step_ms']:8.0f}" if f["mean_step_ms"] else "       -"
         print(
             f"  {n:3d}  {ms(f['ttft_p50'])}  {ms(f['ttft_p99'])}     {ms(f['gap_p50'])} {ms(f['gap_p99'])} {ms(f['gap_max'])}"
-            f"   {f['tokens_per_s']:8.1f}   {step}" + (f"   ({len(failed)} failed)" if failed else ""),
+            f"   {f['tokens_per_s']:8.1f}   {step}      {share(f['qoe_mean'])} {share(f['qoe_p10'])} {share(f['qoe_share_95'])}"
+            + (f"   ({len(failed)} failed)" if failed else ""),
             flush=True,
         )
         if f["gap_p99"] is None or cutoff and f["gap_p99"] > cutoff * GAP_LIMIT:

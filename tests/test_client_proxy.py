@@ -66,6 +66,9 @@ def test_measure_prints_the_articles_table(servers):
     assert [line.split()[0] for line in lines[:3]] == ["/complete", "/stream", "/ws"]
     assert "bytes on the wire per answer" in lines[0]
     assert lines[3] == "the same text all three ways: True"
+    assert lines[4].startswith("the reader's QoE") and all(
+        f"{way} " in lines[4] for way in ("/complete", "/stream", "/ws")
+    )
 
 
 # --- the proxy, against a fake upstream that streams on command ---------------------------------

@@ -48,6 +48,9 @@ def test_prometheus_text_matches_what_was_served():
         assert value(m, "streaming_time_to_first_text_seconds_count", endpoint="/complete") == 3
         assert value(m, "streaming_gap_seconds_count") == sum(n - 1 for n in sizes) + 3  # one less than pieces
         assert value(m, "streaming_connections_open") == 1  # this scrape's own
+        # the server's QoE estimate: the free engine's pieces come at once, so every reader keeps up
+        assert value(m, "streaming_qoe_count", endpoint="/complete") == 3
+        assert value(m, "streaming_qoe_sum", endpoint="/stream") == pytest.approx(1.0)
         assert value(m, "streaming_requests_active") == 0 and value(m, "streaming_requests_waiting") == 0
         assert json.loads(http(port, "GET", "/metrics.json")[2])["requests_logged"] == 4  # the JSON stays
     finally:

@@ -78,6 +78,7 @@ class Job:
         self.created = time.monotonic()  # for the metrics: when the request asked
         self.first_at: float | None = None  # when its first and its latest piece reached the server's loop
         self.last_at: float | None = None
+        self.arrivals: list[float] = []  # when each piece reached the server's loop, since `created`
 
     def start(self) -> Job:
         """Begin producing (in a subclass), counted as active until it ends."""

@@ -64,7 +64,7 @@ async def whole(srv: Server, conn: Connection, path: str, fmt: Format, api: ApiR
         if watcher:
             watcher.cancel()
         produced = await job.done
-        srv.record(path, job, produced, conn.gone)
+        srv.record(path, job, produced, conn.gone, whole=True)
     if cut := srv.cut_short(job):
         raise cut
     value = fmt.whole(model_id(srv), "".join(parts), fmt.finish(job.reason, matcher.matched), prompt, produced)

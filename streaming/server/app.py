@@ -162,8 +162,10 @@ class Server:
     def job(self, ids: list[int], params: GenerationParams) -> Job:
         return self.runner.start(ids, params)
 
-    def record(self, path: str, job: Job, produced: int, left: bool, what: str = "client left early") -> None:
-        """The article's log line, and the request's metrics."""
+    def record(
+        self, path: str, job: Job, produced: int, left: bool, what: str = "client left early", whole: bool = False
+    ) -> None:
+        """The article's log line, and the request's metrics (`whole`: the answer went out at once)."""
         self.log.append([path, produced, left])
         print(f"{path}: generated {produced} tokens, {what}: {left}", flush=True)
         if job.reason is None:
@@ -172,7 +174,7 @@ class Server:
             outcome = "reader_left"
         else:
             outcome = "stopped" if job.reason == "stopped" else "finished"
-        self.metrics.ended(path, job, outcome)
+        self.metrics.ended(path, job, outcome, whole)
 
     def watcher(self, conn: Connection, job: Job) -> asyncio.Task[None] | None:
         return None if self.config.naive else asyncio.create_task(conn.watch(job))
@@ -203,6 +205,7 @@ class Server:
             else:
                 self.metrics.gaps.observe(now - job.last_at)
             job.last_at = now
+            job.arrivals.append(now - job.created)
             yield item
 
     async def relay(self, conn: Connection, job: Job, frame: Callable[[str], bytes], keep_alive: bytes, matcher=None):

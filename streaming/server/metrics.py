@@ -15,9 +15,12 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from streaming.qoe import qoe
+
 SECONDS = (0.025, 0.05, 0.1, 0.18, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)  # 0.18 s: a reader's pace
 LONG_SECONDS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 TOKENS = (1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 32768)
+QOE = (0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0)
 OUTCOMES = ("finished", "reader_left", "stopped", "error")
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -45,6 +48,13 @@ class Metrics:
             "streaming_answer_tokens", "Tokens generated for a request", registry=r, buckets=TOKENS
         )
         self.requests = Counter("streaming_requests", "Requests that ended", ["endpoint", "outcome"], registry=r)
+        self.qoe = Histogram(
+            "streaming_qoe",
+            "A finished answer's QoE as the reader felt it (Andes)",
+            ["endpoint"],
+            registry=r,
+            buckets=QOE,
+        )
         self.after_stop = Counter(
             "streaming_tokens_after_stop", "Tokens generated after a request was stopped (for nobody)", registry=r
         )
@@ -54,11 +64,15 @@ class Metrics:
         )
         Gauge("streaming_connections_open", "Open client connections", registry=r).set_function(connections)
 
-    def ended(self, endpoint: str, job: Any, outcome: str) -> None:
-        """One request's figures, when it is logged."""
+    def ended(self, endpoint: str, job: Any, outcome: str, whole: bool = False) -> None:
+        """One request's figures, when it is logged. The QoE is the server's estimate: a piece is
+        a token, sent when it reached the loop (a whole answer: all of it at its last piece)."""
         if job.first_at is not None:
             self.ttft.labels(endpoint).observe(job.first_at - job.created)
             self.answer.labels(endpoint).observe(job.last_at - job.created)
+            pieces = [(t, 1) for t in job.arrivals] if not whole else [(job.arrivals[-1], len(job.arrivals))]
+            if outcome == "finished":  # a reader who left or stopped has no experience to rate
+                self.qoe.labels(endpoint).observe(qoe(pieces))
         self.prompt_tokens.observe(len(job.ids))
         self.answer_tokens.observe(job.produced)
         self.requests.labels(endpoint, outcome).inc()

@@ -46,7 +46,7 @@ async def complete(srv: Server, conn: Connection, request: Request) -> None:
         job.stop.set()  # whatever happened, this request's generation must end
         if watcher:
             watcher.cancel()
-        srv.record("/complete", job, await job.done, left)
+        srv.record("/complete", job, await job.done, left, whole=True)
     if left:
         return
     if cut := srv.cut_short(job):
