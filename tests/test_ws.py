@@ -181,3 +181,20 @@ def test_close_payloads():
     assert ws.parse_close(ws.close_payload(1000, "bye")) == (1000, "bye")
     assert ws.parse_close(ws.close_payload(4000)) == (4000, "")
     assert len(ws.close_payload(1000, "é" * 200)) <= 125
+
+
+def test_a_message_may_come_in_1024_fragments_not_more():
+    def fragments(n):
+        out = ws.serialize(ws.Frame(ws.TEXT, b"{", fin=False), MASK)
+        out += ws.serialize(ws.Frame(ws.CONT, b" ", fin=False), MASK) * (n - 2)
+        return out + ws.serialize(ws.Frame(ws.CONT, b"}"), MASK)
+
+    p = ws.Parser()
+    p.feed(fragments(ws.MAX_FRAGMENTS))
+    message = p.next()
+    assert message.data == b"{" + b" " * (ws.MAX_FRAGMENTS - 2) + b"}"
+    p = ws.Parser()
+    p.feed(fragments(ws.MAX_FRAGMENTS + 1))
+    with pytest.raises(ProtocolError) as e:
+        p.next()
+    assert e.value.close_code == 1009
