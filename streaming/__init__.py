@@ -10,6 +10,7 @@
 - `streaming.server`: the asyncio server: the connection's I/O, routing, and one module per
   endpoint family (plain streams, resumable streams, WebSocket, the /v1/ APIs, the page and
   status). A new endpoint goes here.
+- `streaming.qoe`: what a reader feels of one streamed answer (the Andes QoE), from arrival times.
 - `streaming.launch` and `streaming.nginxctl`: child processes (servers, proxies, nginx) for the
   experiments, the benchmarks and the tests.
 """
