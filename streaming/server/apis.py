@@ -74,9 +74,7 @@ async def whole(srv: Server, conn: Connection, path: str, fmt: Format, api: ApiR
 
 async def stream(srv: Server, conn: Connection, path: str, fmt: Format, api: ApiRequest, job: Any, prompt: int) -> None:
     enc = fmt.stream(model_id(srv), api, prompt)
-    conn.streaming()
-    conn.write(SSE_HEAD)
-    conn.started = True
+    conn.start_stream(SSE_HEAD)
     watcher = srv.watcher(conn, job)
     matcher = StopMatcher(api.stop)
     first = await conn.send(enc.start(), srv.config.write_timeout)

@@ -125,10 +125,13 @@ class Connection:
             data = data[:at] + fields + data[at:]
         return data
 
-    def streaming(self) -> None:
-        """This connection carries a stream: small buffers, so that a reader who reads nothing
+    def start_stream(self, head: bytes) -> None:
+        """Begin a stream's response (an event stream's head, a WebSocket's 101): after it an
+        error can no longer be a status. Its buffers are small, so that a reader who reads nothing
         fills them soon and the write timeout drops it (else the kernel grows the send buffer to
         megabytes, and no write ever waits)."""
+        self.write(head)
+        self.started = True
         sock = self.writer.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, STREAM_SNDBUF)

@@ -59,9 +59,7 @@ async def stream(srv: Server, conn: Connection, request: Request) -> None:
         await resumable.resumable(srv, conn, request)
         return
     job = await start(srv, request)
-    conn.streaming()
-    conn.write(SSE_HEAD)
-    conn.started = True
+    conn.start_stream(SSE_HEAD)
     watcher = srv.watcher(conn, job)
     try:
         left = await srv.relay(conn, job, text_event, sse.comment("ping"))

@@ -79,9 +79,7 @@ async def follow(srv: Server, conn: Connection, rec: Recording, after: int) -> N
     keep-alive during silence, until its end or until this reader leaves (which starts the
     grace period if it was the last reader)."""
     config = srv.config
-    conn.streaming()
-    conn.write(SSE_HEAD)
-    conn.started = True
+    conn.start_stream(SSE_HEAD)
     rec.attach()
     watcher = asyncio.create_task(conn.watch())
     k, sent = after + 1, 0

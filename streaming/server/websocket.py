@@ -105,9 +105,7 @@ class WebSocket:
 
 
 async def websocket(srv: Server, conn: Connection, request: Request) -> None:
-    conn.write(frames.handshake(request, srv.config.allow_origin))  # ProtocolError: an HTTP answer
-    conn.streaming()
-    conn.started = True
+    conn.start_stream(frames.handshake(request, srv.config.allow_origin))  # ProtocolError: an HTTP answer
     conn.ws = WebSocket(conn, conn.trailing, srv.config.write_timeout)
     await session(srv, conn.ws)
 
