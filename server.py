@@ -22,6 +22,7 @@ import time
 
 import lm
 from streaming.generation.engine import MAX_BATCH, PREFILL_CHUNK
+from streaming.generation.policy import PREFILL_BUDGET, SCHEDULES
 from streaming.generation.runner import ENGINES
 from streaming.server.app import serve
 from streaming.server.config import (
@@ -52,8 +53,8 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.queue and args.engine == "batched":
         p.error("--queue bounds a generation thread; use it with --engine thread")
-    if args.max_batch < 1 or args.prefill_chunk < 1 or args.keepalive_requests < 1:
-        p.error("--max-batch, --prefill-chunk and --keepalive-requests must be at least 1")
+    if min(args.max_batch, args.prefill_chunk, args.prefill_budget, args.keepalive_requests) < 1:
+        p.error("--max-batch, --prefill-chunk, --prefill-budget and --keepalive-requests must be at least 1")
     return args
 
 
@@ -66,7 +67,21 @@ def engine_options(g):
         "request; free: no model, ' x' pieces at once (measures the server's own cost per event)",
     )
     g.add_argument("--max-batch", type=int, default=MAX_BATCH, help="batched: requests per step; more wait")
-    g.add_argument("--prefill-chunk", type=int, default=PREFILL_CHUNK, help="batched: prompt tokens per step")
+    g.add_argument(
+        "--prefill-chunk", type=int, default=PREFILL_CHUNK, help="batched: a longer prompt joins alone, N tokens a step"
+    )
+    g.add_argument(
+        "--prefill-budget",
+        type=int,
+        default=PREFILL_BUDGET,
+        help="batched: prompt tokens prefilled together per step (a burst joins in one pass)",
+    )
+    g.add_argument(
+        "--schedule",
+        choices=SCHEDULES,
+        default="qoe",
+        help="batched: fifo runs every row every step; qoe runs first the rows whose readers are about to wait",
+    )
     g.add_argument("--queue", type=int, default=0, help="thread engine: bound each request's queue to N pieces")
     g.add_argument("--served-model-name", default=None, help="the model's id on /v1/ (default: its short name)")
 

@@ -100,7 +100,7 @@ def test_requests_join_and_leave_mid_batch_and_the_cache_keeps_only_live_rows(dt
 
     expected, results, e = asyncio.run(run())
     assert list(results) == expected
-    assert e.rows == [] and e.cache is None and e.mask is None  # every finished row's KV is gone
+    assert e.rows == [] and e.kv.cache is None and e.kv.mask is None  # every finished row's KV is gone
 
 
 class Recording(Engine):
@@ -157,7 +157,7 @@ def test_a_stop_is_honoured_within_one_step_and_its_rows_leave_the_cache():
         task = asyncio.ensure_future(text(victim, lambda k: stop_at(victim, k)))
         await task
         await asyncio.sleep(0.1)
-        seen["batch"] = e.cache.layers[0].keys.shape[0] if e.cache is not None else 0
+        seen["batch"] = e.kv.rows()
         seen["rows"] = len(e.rows)
         for j in jobs:
             j.stop.set()

@@ -2,17 +2,21 @@
 
 The article's server runs a thread per request, so sixteen readers share the model sixteen ways
 and each gets a sixteenth of it. Here one thread owns the model and runs a loop of steps; each
-step is one forward pass for every active request at once (a batch of 16 costs far less than 16
-batches of one), so every reader gets a token per step. Between steps:
+step is one forward pass for the rows that run (a batch of 16 costs far less than 16 batches of
+one), then one forward pass for the prompts that join. Between steps:
 
-- requests join: a waiting request's prompt is prefilled in chunks of PREFILL_CHUNK tokens, one
-  chunk per step, so a long prompt delays the others by a chunk, not by all of it; its last chunk
-  samples its first token and its KV cache joins the batch's (left-padded to a common length,
-  with an attention mask and each row's own positions);
+- the policy (policy.py: `fifo`, every row every step; or `qoe`, the rows whose readers are about
+  to wait, first) says which rows run and how many prompt tokens may join;
+- requests join: every waiting prompt that fits the step's prefill budget is prefilled in one
+  left-padded forward pass (a burst of 48 short prompts joins in a few steps, not 48); a prompt
+  longer than PREFILL_CHUNK is prefilled alone, a chunk a step, so it delays the others by a
+  chunk, not by all of it. A prompt's last pass samples its first token and its KV rows join the
+  batch's (kv.py: left-padded to a common length, with an attention mask and each row's own
+  positions);
 - the stop flags are checked, once per step, as the article says a batched engine does: a stopped
   or finished row leaves the batch at that step and its rows of the KV cache are dropped;
 - at most `max_batch` requests are active; the rest wait in order (the server sends them
-  keep-alive pings meanwhile).
+  keep-alive pings meanwhile), those with a reader before readerless resumable streams.
 
 Each row samples with its own seeded generator, temperature and top_p (decoding.choose_batch),
 and its tokens go through its job's per-token routine (job.py: its own detokenizer, its own
@@ -20,9 +24,9 @@ queue). Alone, a request gives the same tokens as with the thread engine; in a b
 can differ in the last bits (padding changes the shapes of the arithmetic), so a sampled text may
 differ: in float32 rarely, in bfloat16 often (the tests state the tolerance).
 
-Leaves out: paged KV memory (a join or leave copies the batch's cache), fusing prefill chunks
-into the decode step, --queue's backpressure (a row is never paused for a slow reader: its queue
-grows), and the repetition penalty.
+Leaves out: paged KV memory (a join or leave copies the batch's cache), fusing the prefill into
+the decode's forward pass, --queue's backpressure (a row is never paused for a slow reader: its
+queue grows; the qoe policy skips it instead), and the repetition penalty.
 """
 
 from __future__ import annotations
@@ -30,47 +34,70 @@ from __future__ import annotations
 import collections
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 import lm
 from decoding import choose_batch
+from streaming.generation import kv
 from streaming.generation.job import Job
+from streaming.generation.policy import PREFILL_BUDGET, Fifo, Qoe, prefill_group
 
 MAX_BATCH = 64  # active requests per step: past it they wait. 64 rows of 4k tokens is ~6 GB of KV in float32
-PREFILL_CHUNK = 128  # prompt tokens prefilled per step: the extra wait a joining prompt adds to others' gaps
+PREFILL_CHUNK = (
+    128  # a longer prompt is prefilled alone, this many tokens a step: the extra wait it adds to others' gaps
+)
 
 
 class Row:
-    """One request inside the engine: its sampler, detokenizer, and place in the batch."""
+    """One request inside the engine: its sampler, its place in the batch, and what the policy
+    reads of it (policy.Reading)."""
 
-    def __init__(self, job: BatchedJob) -> None:
+    def __init__(self, job: BatchedJob, now: float) -> None:
         p = job.params
         self.job, self.ids = job, job.ids
         self.g = torch.Generator(device=lm.DEVICE).manual_seed(p.seed)
         self.temperature, self.top_p = p.temperature, p.top_p
-        self.cache = None  # its own cache while its prompt is prefilled
+        self.cache: Any = None  # its own cache while a long prompt is prefilled in chunks
         self.filled = 0  # prompt tokens prefilled so far
         self.length = 0  # tokens in its KV cache: the position of the next input
-        self.next = None  # the token to feed at the next step
-        self.not_before = time.monotonic() + job.settings.first_delay  # testing: --first-delay
+        self.next: int | None = None  # the token to feed at the next step
+        self.not_before = now + job.settings.first_delay  # testing: --first-delay
+        self.created = self.last_at = now
         self.done = False
+
+    @property
+    def delivered(self) -> int:
+        return self.job.produced
+
+    @property
+    def orphaned(self) -> bool:
+        return self.job.orphaned
 
 
 class Engine:
     def __init__(
-        self, max_batch: int = MAX_BATCH, prefill_chunk: int = PREFILL_CHUNK, token_delay: float = 0.0, model=None
+        self,
+        max_batch: int = MAX_BATCH,
+        prefill_chunk: int = PREFILL_CHUNK,
+        token_delay: float = 0.0,
+        model: Any = None,
+        policy: Fifo | Qoe | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_batch, self.chunk, self.token_delay = max_batch, prefill_chunk, token_delay
         self.model = model  # None: lm.model(), the process's model
+        self.policy = policy or Fifo(PREFILL_BUDGET)
+        self.clock = clock
         self.waiting: collections.deque[Row] = collections.deque()  # not yet admitted (from the event loop)
         self.joining: collections.deque[Row] = collections.deque()  # admitted, prompt being prefilled
-        self.rows: list[Row] = []  # in the batch, one per row of `cache`
-        self.cache: Any = None  # the batch's KV cache (a DynamicCache)
-        self.mask: Any = None  # and its attention mask (B, L), a tensor
+        self.rows: list[Row] = []  # in the batch, one per row of `kv`
+        self.kv = kv.KVBatch(lm.DEVICE)
+        self.prefixes = kv.Prefixes(lm.DEVICE)
         self.lock = threading.Condition()
-        self.steps = self.tokens = 0
+        self.steps = self.tokens = self.skipped = 0
         self.step_seconds = 0.0
         self.thread: threading.Thread | None = None
 
@@ -78,7 +105,7 @@ class Engine:
 
     def submit(self, job: BatchedJob) -> None:
         with self.lock:
-            self.waiting.append(Row(job))
+            self.waiting.append(Row(job, self.clock()))
             if self.thread is None:
                 self.thread = threading.Thread(target=self.loop, name="engine", daemon=True)
                 self.thread.start()
@@ -88,11 +115,14 @@ class Engine:
         with self.lock:
             return {
                 "engine": "batched",
+                "schedule": self.policy.name,
                 "max_batch": self.max_batch,
                 "active": sum(not r.done for r in self.rows) + len(self.joining),
                 "waiting": len(self.waiting),
                 "steps": self.steps,
                 "tokens_generated": self.tokens,
+                "rows_skipped": self.skipped,  # row-steps the qoe policy sat out
+                "prefix_hits": self.prefixes.hits,  # prompts prefilled after a kept shared beginning
                 "step_seconds": round(self.step_seconds, 3),  # bench.py: mean step time per batch size
             }
 
@@ -103,17 +133,11 @@ class Engine:
             with self.lock:
                 while not (self.rows or self.joining or self.ready()):
                     self.lock.wait(0.05 if self.waiting else None)
-                while len(self.rows) + len(self.joining) < self.max_batch and (row := self.admit()):
-                    row.job.begin()
-                    self.joining.append(row)
+                self.take_waiting()
             try:
                 t0 = time.perf_counter()
                 with torch.inference_mode():
-                    self.drop_stopped()
-                    if self.rows:
-                        self.decode()
-                    if self.joining:  # after the decode: a row that joins now has its token for this step
-                        self.prefill(self.joining[0])
+                    self.step()
                 with self.lock:
                     self.steps += 1
                     self.step_seconds += time.perf_counter() - t0
@@ -122,15 +146,31 @@ class Engine:
             except Exception as e:  # noqa: BLE001 - a failed step fails its requests, not the engine
                 for row in list(self.rows) + list(self.joining):
                     self.end(row, error=e)
-                self.rows, self.cache, self.mask = [], None, None
+                self.rows, self.kv = [], kv.KVBatch(lm.DEVICE)
                 self.joining.clear()
 
+    def step(self) -> None:
+        """The stop flags, then the rows the policy runs, then the prompts that join (after the
+        decode: a row that joins now has its first token for this step)."""
+        self.drop_stopped()
+        plan = self.policy.plan(self.rows, self.clock(), self.joining[0].created if self.joining else None)
+        if plan.run:
+            self.decode(sorted(plan.run))
+        if self.joining:
+            self.prefill(plan.prefill)
+
+    def take_waiting(self) -> None:
+        """Admit waiting rows while the batch has room (under the lock)."""
+        while len(self.rows) + len(self.joining) < self.max_batch and (row := self.admit()):
+            row.job.begin()
+            self.joining.append(row)
+
     def ready(self):
-        return any(r.not_before <= time.monotonic() for r in self.waiting)
+        return any(r.not_before <= self.clock() for r in self.waiting)
 
     def admit(self):
         """The next waiting row whose time has come, in order, those with a reader first."""
-        now = time.monotonic()
+        now = self.clock()
         ready = [r for r in self.waiting if r.not_before <= now]
         if not ready:
             return None
@@ -156,42 +196,66 @@ class Engine:
                     self.end(row, "stopped")
             self.compact()
 
-    def prefill(self, row):
-        """One chunk of a joining row's prompt; after its last chunk, its first token, and the row
-        joins the batch."""
+    def prefill(self, budget: int) -> None:
+        """The joining prompts that fit `budget` tokens, in one forward pass; or one chunk of a
+        long prompt. A prompt whose last token is in gets its first token and joins the batch."""
         m = self.model if self.model is not None else lm.model()
-        if row.cache is None:
-            from transformers import DynamicCache
-
-            row.cache = DynamicCache(config=m.config)
-        part = row.ids[row.filled : row.filled + self.chunk]
-        x = torch.tensor([part], device=lm.DEVICE)
-        logits = m(input_ids=x, use_cache=True, **lm.forward_kwargs(m, row.cache)).logits[:, -1]
-        row.filled += len(part)
-        if row.filled < len(row.ids):
+        first = self.joining[0]
+        if first.filled or len(first.ids) > self.chunk:
+            if first.cache is None:
+                first.cache = kv.new_cache(m)
+            part = first.ids[first.filled : first.filled + self.chunk]
+            x = torch.tensor([part], device=lm.DEVICE)
+            logits = m(input_ids=x, use_cache=True, **lm.forward_kwargs(m, first.cache)).logits[:, -1]
+            first.filled += len(part)
+            if first.filled == len(first.ids):
+                self.joined([first], first.cache, None, logits)
             return
-        self.joining.popleft()
-        row.length = len(row.ids)
-        self.emit([row], logits)
-        if not row.done:
-            self.join(row)
-        row.cache = None
+        whole = []  # the short prompts at the head of the line, in order
+        for r in self.joining:
+            if r.filled or len(r.ids) > self.chunk:
+                break
+            whole.append(len(r.ids))
+        n = prefill_group(whole, budget)
+        group = [self.joining[i] for i in range(n)]  # they leave `joining` once prefilled (a failed step ends them)
+        prompts = [r.ids for r in group]
+        prefix = self.prefixes.find(m, prompts, lm.forward_kwargs)
+        cache, mask, logits = kv.prefill(m, prompts, lm.DEVICE, lm.forward_kwargs, prefix)
+        self.joined(group, cache, mask, logits)
 
-    def decode(self):
-        """One forward pass for every row in the batch: each feeds its last token."""
+    def joined(self, group: list[Row], cache: Any, mask: Any, logits: Any) -> None:
+        """Prefilled rows: their first tokens; those that go on join the batch's cache."""
+        for r in group:
+            self.joining.remove(r)
+            r.length = r.filled = len(r.ids)
+            r.cache = None
+        self.emit(group, logits)
+        part = kv.KVBatch(lm.DEVICE)
+        part.join(cache, mask if mask is not None else kv.ones(cache, len(group), lm.DEVICE))
+        live = [i for i, r in enumerate(group) if not r.done]
+        if len(live) < len(group):
+            part.keep(live)
+        if live:
+            self.kv.join(part.cache, part.mask)
+            self.rows += [group[i] for i in live]
+
+    def decode(self, run: list[int]) -> None:
+        """One forward pass for the rows `run` (indices into self.rows): each feeds its last token."""
         m = self.model if self.model is not None else lm.model()
-        rows = self.rows
-        x = torch.tensor([[r.next] for r in rows], device=lm.DEVICE)
-        positions = torch.tensor([[r.length] for r in rows], device=lm.DEVICE)
-        self.mask = torch.cat([self.mask, torch.ones(len(rows), 1, dtype=self.mask.dtype, device=lm.DEVICE)], 1)
-        padded = not bool(self.mask.all())
+        rows = [self.rows[i] for i in run]
+        everyone = len(rows) == len(self.rows)
+        mask = self.kv.extend() if everyone else self.kv.narrow(run)
         out = m(
-            input_ids=x,
-            position_ids=positions,
-            attention_mask=self.mask if padded else None,  # None alone: the same arithmetic as the thread engine
+            input_ids=torch.tensor([[r.next] for r in rows], device=lm.DEVICE),
+            position_ids=torch.tensor([[r.length] for r in rows], device=lm.DEVICE),
+            attention_mask=mask,  # None when no row has padding: the same arithmetic as the thread engine
             use_cache=True,
-            **lm.forward_kwargs(m, self.cache),
+            **lm.forward_kwargs(m, self.kv.cache),
         )
+        if not everyone:
+            self.kv.widen(run)
+            with self.lock:
+                self.skipped += len(self.rows) - len(rows)
         for r in rows:
             r.length += 1
         self.emit(rows, out.logits[:, -1])
@@ -202,11 +266,12 @@ class Engine:
         """Sample a token for each row and hand it to its job's per-token routine; a row whose job
         ended is marked done."""
         tokens = choose_batch(logits, [r.g for r in rows], [r.temperature for r in rows], [r.top_p for r in rows])
+        now = self.clock()
         with self.lock:
             self.tokens += len(rows)
         for row, token in zip(rows, tokens, strict=True):
             row.done = not row.job.take(token)
-            row.next = token
+            row.next, row.last_at = token, now
 
     def end(self, row, reason=None, error=None):
         row.done = True
@@ -215,68 +280,11 @@ class Engine:
         else:
             row.job.fail(error)
 
-    # --- the batch's KV cache ------------------------------------------------------------------
-
-    def join(self, row):
-        """Append a prefilled row to the batch, left-padding its cache or the batch's to one length."""
-        new = layers(row.cache)
-        n = new[0][0].shape[2]
-        if not self.rows:
-            self.cache = row.cache
-            self.mask = torch.ones(1, n, dtype=torch.long, device=lm.DEVICE)
-            self.rows = [row]
-            return
-        old = layers(self.cache)
-        L = old[0][0].shape[2]
-        width = max(L, n)
-        merged = [
-            (torch.cat([pad(k, width), pad(k2, width)]), torch.cat([pad(v, width), pad(v2, width)]))
-            for (k, v), (k2, v2) in zip(old, new, strict=True)
-        ]
-        set_layers(self.cache, merged)
-        mask_row = torch.ones(1, n, dtype=self.mask.dtype, device=lm.DEVICE)
-        self.mask = torch.cat([pad_mask(self.mask, width), pad_mask(mask_row, width)])
-        self.rows.append(row)
-
     def compact(self):
-        """Drop the rows that are done (their KV memory goes with them), then the columns of
-        padding every remaining row has."""
+        """Drop the rows that are done: their KV memory goes with them."""
         keep = [i for i, r in enumerate(self.rows) if not r.done]
-        if not keep:
-            self.rows, self.cache, self.mask = [], None, None
-            return
-        index = torch.tensor(keep, device=lm.DEVICE)
+        self.kv.keep(keep)
         self.rows = [self.rows[i] for i in keep]
-        self.mask = self.mask.index_select(0, index)
-        start = int(self.mask.any(0).int().argmax())  # the first column some row uses
-        self.mask = self.mask[:, start:]
-        set_layers(
-            self.cache,
-            [
-                (k.index_select(0, index)[:, :, start:], v.index_select(0, index)[:, :, start:])
-                for k, v in layers(self.cache)
-            ],
-        )
-
-
-def layers(cache):
-    return [(layer.keys, layer.values) for layer in cache.layers]
-
-
-def set_layers(cache, kv):
-    for layer, (k, v) in zip(cache.layers, kv, strict=True):
-        layer.keys, layer.values = k.contiguous(), v.contiguous()
-
-
-def pad(t, width):
-    """Left-pad a (B, H, L, D) tensor with zeros to length `width` (masked out, never attended)."""
-    missing = width - t.shape[2]
-    return t if missing == 0 else torch.nn.functional.pad(t, (0, 0, missing, 0))
-
-
-def pad_mask(mask, width):
-    missing = width - mask.shape[1]
-    return mask if missing == 0 else torch.nn.functional.pad(mask, (missing, 0))
 
 
 class BatchedJob(Job):

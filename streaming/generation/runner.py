@@ -15,6 +15,7 @@ from typing import Any
 from streaming.generation.engine import MAX_BATCH, PREFILL_CHUNK, BatchedJob, Engine
 from streaming.generation.free import FreeJob
 from streaming.generation.job import Job, Settings, Stats
+from streaming.generation.policy import Fifo, Qoe
 from streaming.generation.thread import ThreadJob
 from streaming.wire.params import GenerationParams
 
@@ -28,12 +29,15 @@ class Runner:
         settings: Settings | None = None,
         max_batch: int = MAX_BATCH,
         prefill_chunk: int = PREFILL_CHUNK,
+        policy: Fifo | Qoe | None = None,
     ) -> None:
         if engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}: choose one of {', '.join(ENGINES)}")
         settings = settings or Settings()
         self.kind, self.settings, self.stats = engine, settings, Stats()
-        self.engine = Engine(max_batch, prefill_chunk, settings.token_delay) if engine == "batched" else None
+        self.engine = (
+            Engine(max_batch, prefill_chunk, settings.token_delay, policy=policy) if engine == "batched" else None
+        )
 
     def start(self, ids: list[int], params: GenerationParams) -> Job:
         if self.engine is not None:

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NamedTuple
 
 from streaming.generation.job import Job
+from streaming.generation.policy import schedule
 from streaming.generation.runner import Runner
 from streaming.server import apis, info, plain, resumable, websocket
 from streaming.server.config import Config
@@ -65,7 +66,13 @@ ROUTES = {
 class Server:
     def __init__(self, config: Config, runner: Runner | None = None) -> None:
         self.config = config
-        self.runner = runner or Runner(config.engine, config.job_settings(), config.max_batch, config.prefill_chunk)
+        self.runner = runner or Runner(
+            config.engine,
+            config.job_settings(),
+            config.max_batch,
+            config.prefill_chunk,
+            schedule(config.schedule, config.prefill_budget),
+        )
         self.log: list[list[Any]] = []  # [path, generated tokens, client left early], one per finished request
         self.connections: set[asyncio.Task[Any]] = set()  # handler tasks
         self.idle: set[asyncio.Task[Any]] = set()  # those waiting for a request: closed at once on shutdown

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from streaming.generation.engine import MAX_BATCH, PREFILL_CHUNK
 from streaming.generation.job import Settings
+from streaming.generation.policy import PREFILL_BUDGET
 from streaming.server.streams import GRACE_SECONDS, KEEP_COUNT, KEEP_SECONDS, ORPHANS
 from streaming.wire.http11 import REQUEST_TIMEOUT
 
@@ -30,6 +31,8 @@ class Config:
     engine: str = "batched"  # batched, thread or free (streaming.generation.runner)
     max_batch: int = MAX_BATCH
     prefill_chunk: int = PREFILL_CHUNK
+    prefill_budget: int = PREFILL_BUDGET
+    schedule: str = "qoe"  # or fifo (streaming.generation.policy): qoe measured better for readers in bursts
     queue: int = 0  # thread engine: bound each request's queue to N pieces
     write_timeout: float = WRITE_TIMEOUT
     ping: float = PING_SECONDS

@@ -1,0 +1,326 @@
+"""Scheduling for readers (streaming/generation/policy.py), burst admission and the KV cache's
+narrowed steps (kv.py), and the quantized kernels (quant.py).
+
+The policies are driven with hand-made rows and a fake clock; the engine is stepped by hand
+(no thread) with the `exact` model, whose logits depend only on a row's own tokens, so a row that
+sits steps out or joins in a padded burst must still give exactly the thread engine's text, in
+float32 and bfloat16 alike. The arithmetic of a padded prefill and the quantized kernels is
+checked with the tiny real model, within stated tolerances."""
+
+import asyncio
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import pytest
+import torch
+from helpers import ROOT, ServerProcess, http, metrics, stream_texts
+
+import lm
+from streaming.generation import kv, quant
+from streaming.generation.engine import BatchedJob, Engine, Row
+from streaming.generation.policy import MAX_PREFILL, MAX_SKIP, Fifo, Qoe, prefill_group
+from streaming.generation.thread import ThreadJob
+from streaming.wire.params import plain_request
+
+DTYPES = [torch.float32, torch.bfloat16]
+PROMPTS = ["Hello there", "The lighthouse keeper wrote in his log every night", "a", "Once upon a time", "x y z"]
+
+
+@dataclass
+class Fake:
+    created: float = 0.0
+    delivered: int = 0
+    last_at: float = 0.0
+    orphaned: bool = False
+
+
+# --- the policies, on hand-made rows ----------------------------------------------------------
+
+
+def test_fifo_runs_every_row_and_takes_its_fixed_budget():
+    plan = Fifo(300).plan([Fake(), Fake(delivered=500)], now=10.0)
+    assert plan.run == [0, 1] and plan.prefill == 300
+
+
+def test_qoe_skips_a_row_far_ahead_and_runs_the_one_about_to_wait_first():
+    # At t=20 the expected reader of a row created at 0 has read 4.6 * 19 = 87.4 tokens.
+    rows = [Fake(delivered=200, last_at=19.9), Fake(delivered=88, last_at=19.9), Fake(delivered=80, last_at=19.9)]
+    q = Qoe(min_batch=1)
+    assert q.slack(0.0, 88, 20.0) == pytest.approx(88 / 4.6 - 19)
+    assert q.plan(rows, now=20.0).run == [2, 1]  # the one behind first; 200 tokens ahead sits out
+
+
+def test_qoe_runs_a_row_skipped_for_max_skip_whatever_its_slack():
+    rows = [Fake(delivered=400, last_at=20.0 - MAX_SKIP), Fake(delivered=400, last_at=19.9)]
+    assert Qoe(min_batch=1).plan(rows, now=20.0).run == [0]
+
+
+def test_qoe_a_readerless_stream_runs_only_in_spare_places():
+    behind = dict(delivered=10, last_at=19.9)
+    orphan = Fake(orphaned=True, **behind)
+    assert Qoe(min_batch=1).plan([orphan, Fake(**behind)], now=20.0).run == [1]
+    assert Qoe(min_batch=2).plan([orphan, Fake(**behind)], now=20.0).run == [1, 0]  # a spare place: it runs
+
+
+def test_qoe_fills_a_small_batch_since_a_step_of_four_costs_a_step_of_one():
+    rows = [Fake(delivered=d, last_at=19.9) for d in (300, 200, 85, 250)]
+    assert Qoe(min_batch=3).plan(rows, now=20.0).run == [2, 1, 3]  # the urgent one, then the least ahead
+
+
+def test_qoe_admits_newcomers_at_once_when_they_are_the_most_behind():
+    q = Qoe(budget=100, min_batch=1)
+    ahead = [Fake(delivered=200, last_at=19.9)]
+    assert q.plan(ahead, now=20.0, joining=18.0).prefill == MAX_PREFILL  # waited 2 s: behind everyone
+    assert q.plan([], now=20.0, joining=19.9).prefill == MAX_PREFILL  # nobody running
+    # A reader 0.5 s from running dry and a newcomer just arrived: the budget's floor only.
+    close = [Fake(delivered=round(4.6 * 19.5), last_at=19.9)]
+    assert q.plan(close, now=20.0, joining=19.99).prefill == 100
+    # Readers with seconds of text on screen lend the newcomers their slack.
+    plan = q.plan([Fake(delivered=round(4.6 * 25), last_at=19.9)], now=20.0, joining=19.99)
+    assert 100 < plan.prefill <= MAX_PREFILL
+
+
+def test_prefill_group_takes_whole_prompts_in_order_within_the_budget():
+    assert prefill_group([50, 50, 50], 120) == 2
+    assert prefill_group([500, 10], 120) == 1  # at least one
+    assert prefill_group([10] * 48, 2048) == 48
+
+
+def test_qoe_starves_no_row_under_overload():
+    """40 readers on a machine that can serve fewer at reading speed: every row still runs at
+    least every MAX_SKIP seconds, and the policy never runs an empty step."""
+    q, now = Qoe(), 0.0
+    rows = [Fake(created=0.0, delivered=1, last_at=0.0) for _ in range(40)]
+    longest = 0.0
+    for _ in range(400):
+        run = q.plan(rows, now).run
+        assert run
+        now += 0.05 + 0.006 * len(run)  # a step's time grows with its batch
+        for i in run:
+            longest = max(longest, now - rows[i].last_at)
+            rows[i].delivered += 1
+            rows[i].last_at = now
+    assert longest <= MAX_SKIP + 0.05 + 0.006 * 40
+
+
+# --- the engine, stepped by hand --------------------------------------------------------------
+
+
+def params(i, n=12):
+    body = {"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": n, "seed": i, "temperature": 0 if i % 2 else 1.0}
+    return plain_request(body).params
+
+
+def ids(i):
+    return lm.tok(PROMPTS[i % len(PROMPTS)]).input_ids
+
+
+async def drain(job):
+    out = []
+    while (x := await job.get()) is not None:
+        out.append(x)
+    return "".join(out)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def stepped(net, policy, n_jobs, tokens=12):
+    """An engine with no thread: n jobs queued, then step() by hand; the fake clock moves 0.2 s a step."""
+    clock = Clock()
+    e = Engine(max_batch=16, model=net, policy=policy, clock=clock)
+    jobs = [BatchedJob(e, ids(i), params(i, tokens)) for i in range(n_jobs)]
+    for job in jobs:
+        job.stats.active.add(job)
+        e.waiting.append(Row(job, clock()))
+    e.take_waiting()
+    return e, jobs, clock
+
+
+def alone(net, n_jobs, tokens=12):
+    async def run():
+        return [await drain(ThreadJob(ids(i), params(i, tokens), model=net).start()) for i in range(n_jobs)]
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_a_burst_joins_in_one_step_within_the_budget_and_gives_each_its_text_alone(dtype):
+    net = lm.ExactModel(lm.load_tokenizer()).to(dtype)
+    lengths = [len(ids(i)) for i in range(8)]
+
+    async def run(budget):
+        e, jobs, clock = stepped(net, Fifo(budget), 8)
+        with torch.inference_mode():
+            e.step()
+            after_one = [j.produced for j in jobs]
+            while e.rows or e.joining:
+                clock.now += 0.2
+                e.step()
+        return after_one, [await drain(j) for j in jobs]
+
+    after_one, texts = asyncio.run(run(sum(lengths)))
+    assert after_one == [1] * 8  # all eight prompts in one forward pass: each has its first token
+    after_one_half, texts_half = asyncio.run(run(sum(lengths[:4])))
+    assert after_one_half == [1] * 4 + [0] * 4  # the budget took the first four
+    assert texts == texts_half == alone(net, 8)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rows_that_sit_steps_out_keep_their_text_and_a_stop_holds_within_a_step(dtype):
+    net = lm.ExactModel(lm.load_tokenizer()).to(dtype)
+
+    async def run():
+        e, jobs, clock = stepped(net, Qoe(min_batch=1), 6, tokens=30)
+        jobs[0].orphaned = True  # a resumable stream nobody reads: spare places only
+        skipped_orphan = 0
+        with torch.inference_mode():
+            e.step()  # the burst joins: one token each
+            for k in range(200):
+                clock.now += 0.05  # fast steps: rows get ahead of their readers and sit out
+                before = jobs[0].produced
+                e.step()
+                skipped_orphan += jobs[0].produced == before and not jobs[0].ended.is_set()
+                if k == 20:
+                    jobs[3].stop.set()
+                    stop_at = jobs[3].produced
+                if not (e.rows or e.joining):
+                    break
+        texts = [await drain(j) for j in jobs]
+        return e, jobs, texts, skipped_orphan, stop_at
+
+    e, jobs, texts, skipped_orphan, stop_at = asyncio.run(run())
+    assert e.skipped > 0 and skipped_orphan > 0  # rows sat steps out, the orphan most
+    assert jobs[3].reason == "stopped" and jobs[3].produced - stop_at <= 1
+    expected = alone(net, 6, tokens=30)
+    assert [t for i, t in enumerate(texts) if i != 3] == [t for i, t in enumerate(expected) if i != 3]
+    assert expected[3].startswith(texts[3])
+    assert e.rows == [] and e.kv.rows() == 0  # every row's KV memory released
+
+
+def test_narrow_and_widen_leave_holes_that_the_mask_hides():
+    b = kv.KVBatch("cpu")
+    cache = kv.new_cache(lm.ExactModel(lm.load_tokenizer()))
+    keys = torch.arange(6, dtype=torch.float32).view(3, 1, 2, 1)
+    cache.update(keys, keys.clone(), 0)
+    b.join(cache, torch.ones(3, 2, dtype=torch.long))
+    mask = b.narrow([0, 2])
+    assert mask.tolist() == [[1, 1, 1], [1, 1, 1]] and b.rows() == 2
+    cache.update(torch.full((2, 1, 1, 1), 9.0), torch.full((2, 1, 1, 1), 9.0), 0)  # the step's new column
+    b.widen([0, 2])
+    assert b.rows() == 3 and b.mask.tolist() == [[1, 1, 1], [1, 1, 0], [1, 1, 1]]
+    assert b.cache.layers[0].keys[:, 0, :, 0].tolist() == [[0, 1, 9], [2, 3, 0], [4, 5, 9]]
+    b.keep([1])
+    assert b.mask.tolist() == [[1, 1, 0]] and b.rows() == 1
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_a_left_padded_prefill_gives_each_prompts_logits_alone_within_the_tolerance(dtype):
+    net = lm.tiny_model(lm.load_tokenizer()).to(dtype)
+    prompts = [ids(i) for i in range(5)]
+    with torch.inference_mode():
+        _, _, together = kv.prefill(net, prompts, "cpu", lm.forward_kwargs)
+        each = [kv.prefill(net, [p], "cpu", lm.forward_kwargs)[2][0] for p in prompts]
+    scale = max(float(x.abs().max()) for x in each)
+    worst = max(float((together[i] - each[i]).abs().max()) for i in range(len(prompts)))
+    assert worst <= {torch.float32: 1e-4, torch.bfloat16: 0.05}[dtype] * scale  # as test_engine's TOLERANCE
+
+
+SHARED = "You are a careful assistant. You answer briefly and exactly, in plain words, and you never guess. "
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_a_shared_beginning_is_prefilled_once_and_the_texts_stay_those_of_each_alone(dtype):
+    net = lm.ExactModel(lm.load_tokenizer()).to(dtype)
+    prompts = [lm.tok(SHARED + p).input_ids for p in PROMPTS]
+
+    async def run():
+        e = Engine(max_batch=8, model=net, policy=Fifo(10_000), clock=Clock())
+        jobs = [BatchedJob(e, p, params(i, 12)) for i, p in enumerate(prompts)]
+        for job in jobs:
+            job.stats.active.add(job)
+            e.waiting.append(Row(job, 0.0))
+        e.take_waiting()
+        with torch.inference_mode():
+            while e.rows or e.joining:
+                e.step()
+        return e, [await drain(j) for j in jobs]
+
+    async def each_alone():
+        return [await drain(ThreadJob(p, params(i, 12), model=net).start()) for i, p in enumerate(prompts)]
+
+    e, texts = asyncio.run(run())
+    assert e.prefixes.hits == len(prompts) and len(e.prefixes.known) == 1
+    assert len(next(iter(e.prefixes.known))) >= kv.PREFIX_MIN
+    assert texts == asyncio.run(each_alone())
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_a_prefill_after_a_kept_prefix_gives_the_logits_of_a_whole_one_within_the_tolerance(dtype):
+    net = lm.tiny_model(lm.load_tokenizer()).to(dtype)
+    prompts = [lm.tok(SHARED + p).input_ids for p in PROMPTS]
+    with torch.inference_mode():
+        prefix = kv.Prefixes("cpu").find(net, prompts, lm.forward_kwargs)
+        assert prefix is not None and prefix[0] >= kv.PREFIX_MIN
+        _, mask, after = kv.prefill(net, prompts, "cpu", lm.forward_kwargs, prefix)
+        whole = [kv.prefill(net, [p], "cpu", lm.forward_kwargs)[2][0] for p in prompts]
+    assert mask.shape == (len(prompts), max(len(p) for p in prompts))
+    scale = max(float(x.abs().max()) for x in whole)
+    worst = max(float((after[i] - whole[i]).abs().max()) for i in range(len(prompts)))
+    assert worst <= {torch.float32: 1e-4, torch.bfloat16: 0.05}[dtype] * scale
+
+
+# --- the quantized kernels ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_a_quantized_request_in_the_engine_gives_its_own_unbatched_runs_tokens(mode):
+    net = quant.quantize(lm.tiny_model(lm.load_tokenizer()).to(torch.float32), mode)
+    assert any(isinstance(m, quant.QuantLinear) for m in net.modules())
+
+    async def run():
+        e = Engine(max_batch=4, model=net)
+        together = [await drain(BatchedJob(e, ids(i), params(i, 20)).start()) for i in range(3)]
+        return together
+
+    assert asyncio.run(run()) == alone(net, 3, tokens=20)
+
+
+# --- the server's options ---------------------------------------------------------------------
+
+
+def test_a_qoe_server_serves_a_burst_with_the_same_greedy_texts_as_a_fifo_one():
+    servers = [
+        ServerProcess("--model", "exact", "--schedule", "qoe", "--prefill-budget", "40"),
+        ServerProcess("--model", "exact", "--schedule", "fifo"),
+    ]
+    try:
+        ports = [s.wait().port for s in servers]
+
+        def burst(port):
+            bodies = [{"prompt": PROMPTS[i % 5], "max_tokens": 25, "temperature": 0} for i in range(10)]
+            with ThreadPoolExecutor(10) as pool:
+                answers = list(pool.map(lambda b: http(port, "POST", "/stream", b), bodies))
+            return [(a[0], "".join(stream_texts(a[2])[0])) for a in answers]
+
+        qoe_texts, fifo_texts = burst(ports[0]), burst(ports[1])
+        assert all(status == 200 for status, _ in qoe_texts) and qoe_texts == fifo_texts
+        assert metrics(ports[0])["schedule"] == "qoe" and metrics(ports[1])["schedule"] == "fifo"
+    finally:
+        for s in servers:
+            s.stop()
+
+
+@pytest.mark.parametrize("argv", [["--prefill-budget", "0"], ["--schedule", "lifo"]], ids=["budget 0", "schedule"])
+def test_a_bad_schedule_option_is_a_usage_error(argv):
+    out = subprocess.run(
+        [sys.executable, "server.py", "--model", "tiny", *argv], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 2 and "usage:" in out.stderr and "Traceback" not in out.stderr
