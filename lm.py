@@ -17,7 +17,8 @@ the article. Which model is one setting: `--model` in every program that loads o
 - a hub id or a local folder (`Qwen/Qwen2.5-1.5B-Instruct`, where a hub is reachable), or a
   path to a `.gguf` file.
 
-Leaves out: quantized inference (the GGUF is de-quantized), multi-device placement, batching
+Leaves out: the GGUF's own quantized kernels (it is de-quantized; --quantize re-quantizes for
+torch's CPU kernels), multi-device placement, batching
 (one sequence per call of `tokens()`).
 """
 
@@ -56,7 +57,7 @@ _setting = {
     "dtype": None,
     "quantize": os.environ.get("LM_QUANTIZE", "none"),
 }
-QUANTIZE = ("none", "int8")
+QUANTIZE = ("none", "int8", "int4")  # streaming/generation/quant.py
 _loaded: dict = {}  # "tok" and "model", filled once
 
 
@@ -81,7 +82,10 @@ def add_arguments(parser):
     parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best found)")
     parser.add_argument("--dtype", default=None, help="bfloat16, float16 or float32 (default: per device)")
     parser.add_argument(
-        "--quantize", default=None, choices=QUANTIZE, help="int8: dynamic int8 Linear layers on CPU ($LM_QUANTIZE)"
+        "--quantize",
+        default=None,
+        choices=QUANTIZE,
+        help="int8 or int4: weight-only quantized Linear layers on the CPU, 2.5x faster at batch 1 ($LM_QUANTIZE)",
     )
 
 
@@ -423,24 +427,20 @@ def model():
     else:
         m = AutoModelForCausalLM.from_pretrained(name, dtype=dtype())
     m = m.to(device=DEVICE, dtype=dtype()).eval()
-    if _setting["quantize"] == "int8":
-        m = quantize_int8(m)
+    if _setting["quantize"] != "none":
+        m = quantized(m)
     _loaded["model"] = m
     return m
 
 
-def quantize_int8(m):
-    """Dynamic int8 quantization of every Linear layer (weights int8, activations quantized on
-    the fly by fbgemm). On an AVX2-only CPU, decode is memory-bound: a quarter of float32's bytes
-    gives 72 ms a token instead of 173, and the prefill is 3x faster. Costs about 10 s at every
-    load and some accuracy; torch marks this API deprecated, so it is an opt-in, not a default."""
-    if DEVICE != "cpu" or dtype() != torch.float32:
-        raise ModelError("--quantize int8 runs on the CPU in float32 (use --device cpu --dtype float32)")
-    import warnings
+def quantized(m):
+    """--quantize int8|int4: weight-only quantized Linear layers with torch's CPU kernels
+    (streaming/generation/quant.py), in whichever dtype the model runs."""
+    if DEVICE != "cpu":
+        raise ModelError(f"--quantize {_setting['quantize']} uses torch's CPU kernels: use --device cpu")
+    from streaming.generation import quant
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torch.ao.quantization's deprecation notices
-        return torch.ao.quantization.quantize_dynamic(m, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
+    return quant.quantize(m, _setting["quantize"])
 
 
 class _LazyTokenizer:
