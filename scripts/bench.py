@@ -2,6 +2,7 @@
 
     python scripts/bench.py load [--model bundled] [--dtype bfloat16] [--ns 1,4,16,32,48,64] [--no-peer]
     python scripts/bench.py profile [--model bundled] [--dtype float32]     # where a step's time goes
+    python scripts/bench.py qoe [--quick]     # QoE under Poisson arrivals and bursts (scripts/bench_qoe.py)
 
 For each server (this one with --engine batched, this one with --engine thread, and the peer
 `transformers serve --continuous-batching`), one after the other on the same model, dtype and
@@ -428,19 +429,20 @@ def profile(args):
     from transformers import DynamicCache
 
     import lm
-    from streaming.generation import engine
+    from streaming.generation import kv
 
     lm.configure(model=args.model, dtype=args.dtype)
     m = lm.model()
     ids = lm.tok(PROMPTS[0]).input_ids[:64]
     out = {"model": lm.model_name(), "dtype": str(lm.dtype()).removeprefix("torch."), "step_ms": {}}
-    print(f"one decode step, {len(ids)}-token context, {out['dtype']}:", flush=True)
+    out["quantize"] = lm.quantization()  # LM_QUANTIZE=int8 profiles the quantized kernels
+    print(f"one decode step, {len(ids)}-token context, {out['dtype']}, --quantize {out['quantize']}:", flush=True)
 
     def batch_cache(b):
         c = DynamicCache(config=m.config)
         with torch.inference_mode():
             m(input_ids=torch.tensor([ids]), cache=c, use_cache=True, logits_to_keep=1)
-        engine.set_layers(c, [(k.repeat(b, 1, 1, 1), v.repeat(b, 1, 1, 1)) for k, v in engine.layers(c)])
+        kv.set_layers(c, [(k.repeat(b, 1, 1, 1), v.repeat(b, 1, 1, 1)) for k, v in kv.layers(c)])
         return c
 
     def step(c, b):
@@ -467,8 +469,13 @@ def profile(args):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["qoe"]:  # QoE under Poisson arrivals and bursts: its own script
+        import bench_qoe
+
+        return bench_qoe.main(argv[1:])
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=["load", "profile"])
+    p.add_argument("what", choices=["load", "profile", "qoe"], help="qoe: see scripts/bench_qoe.py")
     p.add_argument("--model", default=os.environ.get("LM_MODEL", "bundled"))
     p.add_argument(
         "--dtype",
