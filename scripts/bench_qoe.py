@@ -1,13 +1,16 @@
 """What readers feel under load: QoE with Poisson arrivals and with bursts, this server's
 schedules and kernels against `transformers serve --continuous-batching`, in one run.
 
-    python scripts/bench.py qoe [--quick] [--rates 0.25,0.5,1,2] [--bursts 8,16,32,48]
+    python scripts/bench.py qoe [--quick] [--eos] [--rates 0.5,1,2] [--bursts 8,16,32,48]
                                 [--configs fifo,qoe,qoe+int8] [--no-peer]
 
 Every server gets the same requests, drawn once with a fixed seed: OpenAI chat streams of the
 prompts in prompts.json with answer lengths uniform in LENGTHS (this server is told ignore_eos;
 the peer takes no such option, so it is given max_tokens and what it streams is counted), at
-temperature 0.7. Two workloads:
+temperature 0.7. The peer's answers end at end of sequence, which for these prompts comes after
+about 45 pieces, a quarter of the drawn lengths: with `--eos` this server stops there too, so
+every server does the same work (the fair comparison; without it this server streams the drawn
+lengths, four times the peer's tokens). Two workloads:
 
 - Poisson arrivals at each rate (requests a second) for --seconds;
 - bursts: N requests at once.
@@ -69,12 +72,12 @@ def workload(rate: float | None, n: int, seconds: float, seed: int) -> list[tupl
         out.append((t if rate is not None else 0.0, rnd.randrange(len(bench.PROMPTS)), rnd.randint(*LENGTHS)))
 
 
-async def drive(port: int, requests, ours: bool, model: str | None):
+async def drive(port: int, requests, ignore_eos: bool, model: str | None):
     url = f"http://127.0.0.1:{port}"
 
     async def one(i, start, prompt, tokens):
         await asyncio.sleep(max(0.0, start - (time.perf_counter() - t0)))
-        extra = {"temperature": TEMPERATURE} | ({"ignore_eos": True} if ours else {})
+        extra = {"temperature": TEMPERATURE} | ({"ignore_eos": True} if ignore_eos else {})
         try:
             return await client.api_post("openai", bench.PROMPTS[prompt], tokens, url, seed=i, extra=extra, model=model)
         except (OSError, ValueError, client.ServerError) as e:
@@ -104,10 +107,11 @@ def figures(results, wall) -> dict:
 
 def run_server(name, port, args, ours, model=None) -> dict:
     print(f"\n{name}", flush=True)
-    print("  load          QoE mean  p10  >=.95   TTFT p50   p99 s   gap p99 ms   tokens/s", flush=True)
+    print("  load          QoE mean  p10  >=.95   TTFT p50   p99 s   gap p99 ms   tokens/s   pieces", flush=True)
     asyncio.run(drive(port, workload(None, 2, 0, 0), ours, model))  # warm
+    streamed = "every server stops at end of sequence" if args.eos else "the peer stops at end of sequence"
     out: dict = {"rates": {}, "bursts": {}}
-    (one,), _ = asyncio.run(drive(port, [(0.0, 0, SINGLE)], ours, model))  # one reader alone
+    (one,), _ = asyncio.run(drive(port, [(0.0, 0, SINGLE)], ours, model))  # one reader alone, SINGLE tokens if it can
     if isinstance(one, BaseException):
         raise one
     streamed = one.arrivals[-1] - one.arrivals[0]
@@ -116,14 +120,17 @@ def run_server(name, port, args, ours, model=None) -> dict:
     plans = [("rate", r) for r in args.rates] + [("burst", n) for n in args.bursts]
     for kind, x in plans:
         requests = workload(x if kind == "rate" else None, int(x), args.seconds, seed=int(100 * x))
-        results, wall = asyncio.run(drive(port, requests, ours, model))
+        results, wall = asyncio.run(drive(port, requests, ours and not args.eos, model))
         f = figures(results, wall)
+        f["mean_pieces"] = sum(len(r.pieces) for r in results if not isinstance(r, BaseException)) / len(results)
+        f["streamed"] = streamed
         out["rates" if kind == "rate" else "bursts"][str(x)] = f
         label = f"{x:g}/s Poisson" if kind == "rate" else f"burst of {x}"
         print(
             f"  {label:14s}  {f['qoe_mean']:.2f}  {f['qoe_p10']:.2f}  {f['qoe_share_95']:.2f}   "
             f"{f['ttft_p50'] or 0:6.2f}  {f['ttft_p99'] or 0:6.2f}   {1000 * (f['gap_p99'] or 0):8.0f}   "
-            f"{f['tokens_per_s']:8.1f}" + (f"   ({f['failed']} failed)" if f["failed"] else ""),
+            f"{f['tokens_per_s']:8.1f}   {f['mean_pieces']:6.0f}"
+            + (f"   ({f['failed']} failed)" if f["failed"] else ""),
             flush=True,
         )
     out["sustainable_rate"] = max((float(r) for r, f in out["rates"].items() if f["qoe_mean"] >= 0.95), default=0.0)
@@ -214,6 +221,11 @@ def main(argv=None):
     p.add_argument("--seconds", type=float, default=SECONDS, help="seconds of arrivals at each rate")
     p.add_argument("--configs", default="fifo,qoe,qoe+int8", help=f"this server's settings, of {', '.join(CONFIGS)}")
     p.add_argument("--peer", action=argparse.BooleanOptionalAction, default=True, help="run transformers serve too")
+    p.add_argument(
+        "--eos",
+        action="store_true",
+        help="this server stops at end of sequence too (the peer has no ignore_eos): the same work for all",
+    )
     p.add_argument("--results", default="results")
     args = p.parse_args(argv)
     args.rates = QUICK["rates"] if args.quick else [float(x) for x in args.rates.split(",") if x]
@@ -221,7 +233,8 @@ def main(argv=None):
     args.seconds = QUICK["seconds"] if args.quick else args.seconds
     lm.configure(model=args.model)
     args.dtype = args.dtype or str(lm.dtype()).removeprefix("torch.")
-    out = {"model": args.model, "dtype": args.dtype, "lengths": LENGTHS, "seconds": args.seconds, "servers": {}}
+    out = {"model": args.model, "dtype": args.dtype, "lengths": LENGTHS, "seconds": args.seconds, "eos": args.eos}
+    out["servers"] = {}
     saved = Path(args.results) / "qoe.json"
     for config in [c for c in args.configs.split(",") if c]:
         ours(args, config, out, saved)
