@@ -275,13 +275,20 @@ def cost_of(port, pid, events=FREE_EVENTS, rounds=5):
     return {"events": n, "cpu_us_per_event": 1e6 * cpu / n, "wall_us_per_event": 1e6 * wall / n}
 
 
-def plot(results, path):
+def pyplot():
+    """matplotlib's pyplot drawing to files, or None where matplotlib is missing (no picture)."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        return None
+    return plt
+
+
+def plot(results, path):
+    if (plt := pyplot()) is None:
         return None
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for name, r in results["servers"].items():

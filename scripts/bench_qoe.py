@@ -184,12 +184,7 @@ def compare(out) -> None:
 
 
 def plot(out, path):
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    if (plt := bench.pyplot()) is None:
         return None
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for name, r in out["servers"].items():

@@ -86,6 +86,7 @@ def test_prefill_group_takes_whole_prompts_in_order_within_the_budget():
     assert prefill_group([50, 50, 50], 120) == 2
     assert prefill_group([500, 10], 120) == 1  # at least one
     assert prefill_group([10] * 48, 2048) == 48
+    assert prefill_group([10, 10, 500, 10], 2048, longest=128) == 2  # a long prompt goes alone, later
 
 
 def test_qoe_starves_no_row_under_overload():

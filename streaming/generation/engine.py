@@ -211,12 +211,7 @@ class Engine:
             if first.filled == len(first.ids):
                 self.joined([first], first.cache, None, logits)
             return
-        whole = []  # the short prompts at the head of the line, in order
-        for r in self.joining:
-            if r.filled or len(r.ids) > self.chunk:
-                break
-            whole.append(len(r.ids))
-        n = prefill_group(whole, budget)
+        n = prefill_group([len(r.ids) for r in self.joining], budget, self.chunk)  # none is partly filled
         group = [self.joining[i] for i in range(n)]  # they leave `joining` once prefilled (a failed step ends them)
         prompts = [r.ids for r in group]
         prefix = self.prefixes.find(m, prompts, lm.forward_kwargs)

@@ -115,12 +115,13 @@ def schedule(name: str, budget: int = PREFILL_BUDGET) -> Fifo | Qoe:
     return Fifo(budget) if name == "fifo" else Qoe(budget)
 
 
-def prefill_group(remaining: list[int], budget: int) -> int:
+def prefill_group(lengths: list[int], budget: int, longest: int | None = None) -> int:
     """How many joining prompts, in order, are prefilled together this step: as many whole
-    prompts as fit the budget (their remaining tokens), at least one."""
+    prompts as fit the budget, at least one; none longer than `longest` (those go alone, in
+    chunks)."""
     total, n = 0, 0
-    for length in remaining:
-        if n and total + length > budget:
+    for length in lengths:
+        if n and (total + length > budget or longest is not None and length > longest):
             break
         total, n = total + length, n + 1
     return n
