@@ -1,8 +1,13 @@
 """choose(): pick the next token from the last position's logits.
 
-Nucleus (top-p) sampling with a seeded torch.Generator, a temperature (0 means greedy), and an
+Nucleus (top-p) sampling with one uniform draw a token, a temperature (0 means greedy), and an
 optional repetition penalty over the tokens generated so far (CTRL's rule: divide a positive
 logit by the penalty, multiply a negative one). Same logits, same seed: same token.
+
+The draw for a request's i-th token depends only on its seed and i (`uniform(seed, i)`, a
+counter-based generator: splitmix64 of the pair), not on a generator's hidden state. So a stream
+taken over by another process after i tokens (streaming.server.store) samples token i as the
+original would have from the same logits, without replaying the first i draws.
 
 Leaves out: top-k, min-p and logit bias. `choose_batch` does the same for a batch of rows.
 """
@@ -10,10 +15,36 @@ Leaves out: top-k, min-p and logit bias. `choose_batch` does the same for a batc
 import torch
 
 TOP_K_FIRST = 1024  # tokens sorted before falling back to a full sort (see choose)
+MASK64 = (1 << 64) - 1
 
 
-def choose(logits, history, generator, p=0.9, temperature=1.0, repetition_penalty=1.0):
-    """Return the next token id (an int) from a 1-D tensor of logits over the vocabulary."""
+def uniform(seed, i):
+    """The i-th draw of a request seeded `seed`, in [0, 1): splitmix64 (Steele, Lea and Flood
+    2014) of seed and i, its top 24 bits, so the value is exact in float32 and float64 alike."""
+    x = (seed * 0x9E3779B97F4A7C15 + (i + 1) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    x ^= x >> 31
+    return (x >> 40) / (1 << 24)
+
+
+class Draws:
+    """A request's draws from token `i` on: draws() is uniform(seed, i), then i advances. Every
+    token takes its draw, greedy ones too, so i is always the token's index in the answer."""
+
+    def __init__(self, seed, i=0):
+        self.seed, self.i = seed, i
+
+    def __call__(self):
+        u = uniform(self.seed, self.i)
+        self.i += 1
+        return u
+
+
+def choose(logits, history, draws, p=0.9, temperature=1.0, repetition_penalty=1.0):
+    """Return the next token id (an int) from a 1-D tensor of logits over the vocabulary;
+    `draws` gives this token's uniform draw (a Draws)."""
+    u = draws()
     logits = logits.detach().to(torch.float32).flatten()
     if repetition_penalty != 1.0 and history:
         seen = torch.tensor(sorted(set(history)), device=logits.device)
@@ -36,16 +67,20 @@ def choose(logits, history, generator, p=0.9, temperature=1.0, repetition_penalt
     # the tokens before it (more likely) add up to less than p. The first token always stays.
     before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
     kept = sorted_probs.masked_fill(before >= p, 0.0)
-    # Inverse-CDF sampling with one seeded uniform draw: the same seed gives the same token
-    # whether or not the zeros past the nucleus are in the tensor.
+    return int(order[pick(kept, u)])
+
+
+def pick(kept, u):
+    """Inverse-CDF sampling with the uniform draw u: the index into `kept` (probabilities, zeros
+    past the nucleus) whose cumulative share first passes u. The same u gives the same index
+    whether or not the zeros are in the tensor."""
     cdf = torch.cumsum(kept, dim=-1)
-    u = torch.rand(1, generator=generator, device=cdf.device, dtype=cdf.dtype) * cdf[-1]
-    i = min(int(torch.searchsorted(cdf, u, right=True)), int((kept > 0).sum()) - 1)
-    return int(order[i])
+    x = torch.tensor([u], device=cdf.device, dtype=cdf.dtype) * cdf[-1]
+    return min(int(torch.searchsorted(cdf, x, right=True)), int((kept > 0).sum()) - 1)
 
 
-def choose_batch(logits, generators, temperatures, top_ps):
-    """choose() for a batch: row i of `logits` (B, V) with its own generator, temperature and
+def choose_batch(logits, draws, temperatures, top_ps):
+    """choose() for a batch: row i of `logits` (B, V) with its own draws, temperature and
     top_p; returns a list of B token ids. The softmax and top-k run once for the batch; each row's
     draw is the same inverse-CDF draw as choose()'s, so a row alone gives choose()'s token. (No
     repetition penalty: no request sets one.)"""
@@ -57,7 +92,8 @@ def choose_batch(logits, generators, temperatures, top_ps):
     sums = top_probs.sum(-1).tolist()
     greedy = torch.argmax(logits, dim=-1).tolist()
     out = []
-    for i, (g, t, p) in enumerate(zip(generators, temperatures, top_ps, strict=True)):
+    for i, (d, t, p) in enumerate(zip(draws, temperatures, top_ps, strict=True)):
+        u = d()
         if t == 0:
             out.append(greedy[i])
             continue
@@ -66,8 +102,5 @@ def choose_batch(logits, generators, temperatures, top_ps):
             sorted_probs, order = torch.sort(probs[i], descending=True)
         before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
         kept = sorted_probs.masked_fill(before >= p, 0.0)
-        cdf = torch.cumsum(kept, dim=-1)
-        u = torch.rand(1, generator=g, device=cdf.device, dtype=cdf.dtype) * cdf[-1]
-        j = min(int(torch.searchsorted(cdf, u, right=True)), int((kept > 0).sum()) - 1)
-        out.append(int(order[j]))
+        out.append(int(order[pick(kept, u)]))
     return out

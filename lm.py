@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from decoding import choose
+from decoding import Draws, choose
 from streaming.wire.params import GenerationParams
 
 # --- settings -------------------------------------------------------------------------------
@@ -489,7 +489,7 @@ def forward_kwargs(m, cache):
     return kw
 
 
-def tokens(prompt, params, *, stop=None, repetition_penalty=1.0, net=None, **settings):
+def tokens(prompt, params, *, stop=None, repetition_penalty=1.0, net=None, start=0, **settings):
     """Yield up to max_tokens sampled token ids for the prompt (a string or a list of ids).
 
     `params` is a GenerationParams, or, as the article writes it, max_tokens alone with the
@@ -497,7 +497,9 @@ def tokens(prompt, params, *, stop=None, repetition_penalty=1.0, net=None, **set
     id (EOS), after which nothing follows (unless ignore_eos, for measurements that need exactly
     max_tokens). `stop` is a threading.Event checked before every token, as in the article: a set
     flag ends generation before the next forward pass. One prefill, then one forward pass per
-    token with a KV cache. `net`: a model other than the process's `model()` (tests).
+    token with a KV cache. `net`: a model other than the process's `model()` (tests). `start`:
+    how many of the answer's tokens end the prompt already (a stream taken over from another
+    process): sampling goes on from draw `start`, and at most max_tokens - start follow.
     """
     from transformers import DynamicCache
 
@@ -506,19 +508,19 @@ def tokens(prompt, params, *, stop=None, repetition_penalty=1.0, net=None, **set
     m = net if net is not None else model()
     ids = prompt if isinstance(prompt, list) else tok(prompt).input_ids
     ends = stop_ids()
-    g = torch.Generator(device=DEVICE).manual_seed(params.seed)
+    draws = Draws(params.seed, start)
     kw = forward_kwargs(m, DynamicCache(config=m.config))
     history = []
     with torch.inference_mode():
         x = torch.tensor([ids], device=DEVICE)
-        for _ in range(params.max_tokens):
+        for _ in range(start, params.max_tokens):
             if stop is not None and stop.is_set():
                 return
             logits = m(input_ids=x, use_cache=True, **kw).logits[0, -1]
             token = choose(
                 logits,
                 history,
-                g,
+                draws,
                 p=params.top_p,
                 temperature=params.temperature,
                 repetition_penalty=repetition_penalty,

@@ -1,8 +1,9 @@
-"""choose(): top-p keeps the smallest set reaching p, greedy at temperature 0, seeds repeat."""
+"""choose(): top-p keeps the smallest set reaching p, greedy at temperature 0, seeds repeat, and
+token i's draw depends only on the seed and i (a continuation samples as the original would)."""
 
 import torch
 
-from decoding import choose
+from decoding import Draws, choose, uniform
 
 
 def logits_for(probs):
@@ -10,7 +11,7 @@ def logits_for(probs):
 
 
 def sample_set(logits, p, n=400, **kw):
-    g = torch.Generator().manual_seed(1)
+    g = Draws(1)
     return {choose(logits, [], g, p=p, **kw) for _ in range(n)}
 
 
@@ -31,7 +32,7 @@ def test_top_p_with_a_flat_distribution_over_a_large_vocabulary_falls_back_to_a_
 
 def test_greedy_at_temperature_zero():
     logits = logits_for([0.2, 0.5, 0.3])
-    g = torch.Generator().manual_seed(0)
+    g = Draws(0)
     assert all(choose(logits, [], g, temperature=0) == 1 for _ in range(20))
 
 
@@ -39,7 +40,7 @@ def test_same_seed_same_tokens_and_different_seeds_differ():
     logits = torch.randn(1000, generator=torch.Generator().manual_seed(3))
 
     def run(seed):
-        g = torch.Generator().manual_seed(seed)
+        g = Draws(seed)
         return [choose(logits, [], g, p=0.95) for _ in range(50)]
 
     assert run(0) == run(0)
@@ -53,8 +54,27 @@ def test_temperature_sharpens():
 
 def test_repetition_penalty_pushes_away_from_history():
     logits = torch.tensor([2.0, 1.9, -1.0])
-    g = torch.Generator().manual_seed(0)
+    g = Draws(0)
     assert choose(logits, [0], g, temperature=0) == 0
     assert choose(logits, [0], g, temperature=0, repetition_penalty=1.2) == 1  # 2.0/1.2 < 1.9
     # A negative logit is multiplied, so it moves further down, not up.
     assert choose(torch.tensor([-1.0, -1.1]), [0], g, temperature=0, repetition_penalty=1.5) == 1
+
+
+def test_the_draw_for_token_i_depends_only_on_the_seed_and_i():
+    logits = torch.randn(1000, generator=torch.Generator().manual_seed(3))
+    whole = Draws(7)
+    tokens = [choose(logits, [], whole, p=0.95) for _ in range(30)]
+    later = Draws(7, i=12)  # a continuation after 12 tokens: no replay of the first 12 draws
+    assert [choose(logits, [], later, p=0.95) for _ in range(18)] == tokens[12:]
+    greedy = Draws(7)
+    choose(logits, [], greedy, temperature=0)
+    assert greedy.i == 1  # a greedy token takes its draw too: i stays the token's index
+
+
+def test_uniform_draws_are_exact_floats_in_the_unit_interval_and_spread_evenly():
+    draws = [uniform(seed, i) for seed in (0, 1, 2**63 - 1) for i in range(2000)]
+    assert all(0 <= u < 1 and u == float(torch.tensor(u, dtype=torch.float32)) for u in draws)
+    assert uniform(0, 0) != uniform(0, 1) != uniform(1, 0)
+    counts = torch.histc(torch.tensor(draws), bins=10, min=0, max=1)
+    assert counts.min() > 0.9 * len(draws) / 10  # even within 10% per tenth (6,000 draws)

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 import lm
-from decoding import choose_batch
+from decoding import Draws, choose_batch
 from streaming.generation import kv
 from streaming.generation.job import Job
 from streaming.generation.policy import PREFILL_BUDGET, Fifo, Qoe, prefill_group
@@ -57,8 +57,8 @@ class Row:
 
     def __init__(self, job: BatchedJob, now: float) -> None:
         p = job.params
-        self.job, self.ids = job, job.ids
-        self.g = torch.Generator(device=lm.DEVICE).manual_seed(p.seed)
+        self.job, self.ids = job, job.context
+        self.draws = Draws(p.seed, len(job.prior))  # token i's draw depends on the seed and i only
         self.temperature, self.top_p = p.temperature, p.top_p
         self.cache: Any = None  # its own cache while a long prompt is prefilled in chunks
         self.filled = 0  # prompt tokens prefilled so far
@@ -260,7 +260,7 @@ class Engine:
     def emit(self, rows, logits):
         """Sample a token for each row and hand it to its job's per-token routine; a row whose job
         ended is marked done."""
-        tokens = choose_batch(logits, [r.g for r in rows], [r.temperature for r in rows], [r.top_p for r in rows])
+        tokens = choose_batch(logits, [r.draws for r in rows], [r.temperature for r in rows], [r.top_p for r in rows])
         now = self.clock()
         with self.lock:
             self.tokens += len(rows)

@@ -52,7 +52,7 @@ class ThreadJob(Job):
             self.begin()
             if self.settings.first_delay:
                 self.stop.wait(self.settings.first_delay)
-            for token in lm.tokens(self.ids, p, stop=self.stop, net=self.model):
+            for token in lm.tokens(self.context, p, stop=self.stop, net=self.model, start=len(self.prior)):
                 if not self.take(token):
                     return
                 if self.settings.token_delay:

@@ -18,7 +18,7 @@ from streaming.wire.errors import InvalidRequest
 
 MAX_TOKENS = 4096  # per request: past it a check fails. Bounds one request's KV cache and time.
 DEFAULT_MAX_TOKENS = 100  # the article's
-MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes a 64-bit integer
+MAX_SEED = 2**63 - 1  # a 64-bit integer (decoding.uniform mixes it in 64-bit arithmetic)
 
 
 @dataclass(frozen=True)
