@@ -121,6 +121,18 @@ def resume_options(g):
     g.add_argument(
         "--resume-orphans", type=int, default=ORPHANS, help="live streams nobody reads: past N, stop the oldest"
     )
+    g.add_argument(
+        "--store",
+        type=store_url,
+        default="memory",
+        help="memory (this process only) or redis://HOST:PORT/DB: streams any replica can resume and take over",
+    )
+
+
+def store_url(value):
+    if value == "memory" or value.startswith(("redis://", "rediss://", "unix://")):
+        return value
+    raise argparse.ArgumentTypeError(f"{value!r}: give memory or a Redis URL (redis://HOST:PORT/DB)")
 
 
 def testing_options(g):

@@ -2,14 +2,16 @@
 
     with Nginx(upstream_port=8765, extra=["proxy_read_timeout 2s;"]) as n:
         ...  # http://127.0.0.1:{n.port}/
+    with Nginx(upstream_port=[8765, 8766]) as n:  # two replicas, round robin
 
-It runs nginx/streaming.conf as written, with three changes: the upstream's port, a free
+It runs nginx/streaming.conf as written, with three changes: the upstreams' ports, a free
 listening port, and any `extra` directives where the file marks them. Everything lives in a
 temporary prefix (config, pid, temp folders, error log), on the loopback, in the foreground, so
 several can run side by side without root. Leaves out: installing nginx (`apt-get install nginx`;
 `available()` says whether it is there).
 """
 
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -29,10 +31,15 @@ def available():
     return binary() is not None
 
 
+REPLICAS = re.compile(r"(?:^ *server 127\.0\.0\.1:\d+;.*\n)+", re.M)  # the upstream block's server lines
+
+
 def config(upstream_port, port, extra=()):
-    text = CONF.read_text()
-    for old, new in (("server 127.0.0.1:8765;", f"server 127.0.0.1:{upstream_port};"),
-                     ("listen 127.0.0.1:8080;", f"listen 127.0.0.1:{port};"),
+    ports = [upstream_port] if isinstance(upstream_port, int) else list(upstream_port)
+    text, n = REPLICAS.subn("".join(f"        server 127.0.0.1:{p};\n" for p in ports), CONF.read_text(), count=1)
+    if n != 1:
+        raise ValueError(f"{CONF} no longer has an upstream block of `server 127.0.0.1:PORT;` lines")
+    for old, new in (("listen 127.0.0.1:8080;", f"listen 127.0.0.1:{port};"),
                      (MARK, MARK + "".join(f"\n            {d}" for d in extra))):  # fmt: skip
         if old not in text:
             raise ValueError(f"{CONF} no longer contains {old!r}")

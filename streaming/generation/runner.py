@@ -39,11 +39,13 @@ class Runner:
             Engine(max_batch, prefill_chunk, settings.token_delay, policy=policy) if engine == "batched" else None
         )
 
-    def start(self, ids: list[int], params: GenerationParams) -> Job:
+    def start(self, ids: list[int], params: GenerationParams, prior: list[int] | tuple[int, ...] = ()) -> Job:
+        """A started job for the prompt's ids; `prior`: the answer's tokens so far (a stream
+        taken over from another replica), which it continues."""
         if self.engine is not None:
-            return BatchedJob(self.engine, ids, params, self.settings, self.stats).start()
+            return BatchedJob(self.engine, ids, params, self.settings, self.stats, prior).start()
         cls = ThreadJob if self.kind == "thread" else FreeJob
-        return cls(ids, params, self.settings, self.stats).start()
+        return cls(ids, params, self.settings, self.stats, prior).start()
 
     def metrics(self) -> dict[str, Any]:
         return self.engine.metrics() if self.engine is not None else {"engine": self.kind}

@@ -24,6 +24,7 @@ from streaming.server.config import Config
 from streaming.server.connection import Budget, Connection
 from streaming.server.guard import allowed_hosts, check_host, check_json, check_key, cors, preflight
 from streaming.server.metrics import Metrics
+from streaming.server.shared import Shared
 from streaming.server.streams import Store
 from streaming.wire.anthropic import Anthropic
 from streaming.wire.errors import InvalidRequest, ProtocolError
@@ -79,6 +80,7 @@ class Server:
         self.accepted = 0
         self.served = 0
         self.streams = Store(config.resume_streams, config.resume_keep, config.resume_orphans)  # resumable
+        self.shared = Shared(config.store, config.resume_keep, config.resume_grace) if config.shared else None
         self.pumps: set[asyncio.Task[Any]] = set()  # their tasks, which outlive their readers
         self.bodies = Budget(config.body_memory)  # request bodies still arriving, all together
         self.hosts = allowed_hosts(config.host, config.allow_host)
@@ -248,6 +250,8 @@ class Server:
         close 1001) and are logged; cancel only what still runs after that."""
         listener.close()
         self.draining = True
+        if self.shared is not None:  # the live streams go on on other replicas: end them here now
+            print(f"handing off {self.shared.hand_off()} live streams", flush=True)
         for task in list(self.idle):  # keep-alive connections between requests: nothing to finish
             task.cancel()
         busy = set(self.connections) | set(self.pumps)
@@ -261,6 +265,8 @@ class Server:
         for task in list(self.connections) + list(self.pumps):
             task.cancel()
         await asyncio.gather(*self.connections, *self.pumps, return_exceptions=True)
+        if self.shared is not None:
+            await self.shared.close(SHUTDOWN_END)
         await self.runner.wait_all(SHUTDOWN_JOIN)
 
     def cut_short(self, job: Job) -> ProtocolError | None:
@@ -278,6 +284,9 @@ async def serve(config: Config, load: Callable[[], str] | None = None) -> int:
     listener = await asyncio.start_server(srv.handle, config.host, config.port, backlog=config.backlog)
     port = listener.sockets[0].getsockname()[1]
     print(f"listening on http://{config.host}:{port}{' (naive)' if config.naive else ''}", flush=True)
+    if srv.shared is not None:
+        srv.shared.name = f"{srv.shared.name}:{port}"
+        srv.shared.start(srv)
     done = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

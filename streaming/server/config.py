@@ -54,6 +54,11 @@ class Config:
     resume_keep: float = KEEP_SECONDS
     resume_streams: int = KEEP_COUNT
     resume_orphans: int = ORPHANS
+    store: str = "memory"  # or redis://HOST:PORT/DB: resumable streams shared by replicas (shared.py)
+
+    @property
+    def shared(self) -> bool:
+        return self.store != "memory"
 
     def job_settings(self) -> Settings:
         return Settings(self.queue, self.token_delay, self.fail_after, self.first_delay)

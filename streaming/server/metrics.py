@@ -58,6 +58,12 @@ class Metrics:
         self.after_stop = Counter(
             "streaming_tokens_after_stop", "Tokens generated after a request was stopped (for nobody)", registry=r
         )
+        self.store_errors = Counter(
+            "streaming_store_errors", "Commands to the stream store (Redis) that failed", registry=r
+        )
+        self.takeovers = Counter(
+            "streaming_streams_taken_over", "Streams this replica took over from one that died", registry=r
+        )
         Gauge("streaming_requests_active", "Requests generating now", registry=r).set_function(active)
         Gauge("streaming_requests_waiting", "Requests waiting for a place in the batch", registry=r).set_function(
             waiting

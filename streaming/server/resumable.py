@@ -3,8 +3,9 @@
 
 The generation's pieces go into a numbered record (streams.py) by a pump task that outlives its
 readers; each reader follows the record from where it left off. Closing a resumable stream only
-pauses it: generation goes on for the grace period, and POST /stop ends it now. Leaves out what
-streams.py leaves out (sharing records between processes).
+pauses it: generation goes on for the grace period, and POST /stop ends it now. With --store redis:// (shared.py) the record is
+mirrored to Redis: a resume of a stream this replica does not know is served from there
+(takeover.py), and POST /stop reaches the replica that generates it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from streaming.generation.prompts import encode_prompt
 from streaming.server.connection import Connection
+from streaming.server import takeover
 from streaming.server.streams import RETRY_MS, Recording
 from streaming.wire import sse
 from streaming.wire.errors import ProtocolError, error_body
@@ -39,6 +41,8 @@ async def resumable(srv: Server, conn: Connection, request: Request) -> None:
     last = request.headers.get("last-event-id", request.query.get("last_event_id"))
     if last is not None:  # a reader coming back: what it missed, then the live rest
         found = srv.streams.find(last)
+        if found is None and srv.shared is not None:  # perhaps generated on another replica
+            found = await takeover.find(srv, srv.shared, last)
         if found is None:  # unknown, forgotten, or already complete: 204 stops EventSource
             conn.write(response(204, content_type=None))
             return
@@ -50,24 +54,34 @@ async def resumable(srv: Server, conn: Connection, request: Request) -> None:
     ids = await asyncio.to_thread(encode_prompt, prompt, params)
     rec = srv.streams.create(srv.job(ids, params))
     rec.add(json.dumps({"id": rec.id}), event="stream")  # event 0 names the stream, for /stop
-    task = asyncio.create_task(pump(srv, rec))
-    srv.pumps.add(task)
-    task.add_done_callback(srv.pumps.discard)
+    if srv.shared is not None:
+        srv.shared.own(rec)
+    start_pump(srv, rec)
     await follow(srv, conn, rec, -1)
 
 
+def start_pump(srv: Server, rec: Recording) -> None:
+    task = asyncio.create_task(pump(srv, rec))
+    srv.pumps.add(task)
+    task.add_done_callback(srv.pumps.discard)
+
+
 async def pump(srv: Server, rec: Recording) -> None:
-    """Move the job's pieces into its recording, whoever is reading (or nobody, for a while)."""
+    """Move the job's pieces into its recording, whoever is reading (or nobody, for a while).
+    A job handed off to another replica (shutdown) ends without an end event: its readers
+    reconnect, and the replica that takes it over writes the rest."""
     job = rec.job
     try:
         async for piece in srv.pieces(job):
-            rec.add(json.dumps({"text": piece}))
-        if cut := srv.cut_short(job):
-            rec.add(json.dumps(error_body(cut)), event="error")
+            rec.add(json.dumps({"text": piece}), ids=getattr(piece, "ids", ()))
+        if job.handed_off:
+            pass
+        elif cut := srv.cut_short(job):
+            rec.add(json.dumps(error_body(cut)), event="error", last=True)
         else:
-            rec.add("[DONE]")
+            rec.add("[DONE]", last=True)
     except ProtocolError as e:
-        rec.add(json.dumps(error_body(e)), event="error")
+        rec.add(json.dumps(error_body(e)), event="error", last=True)
     finally:
         job.stop.set()
         rec.end()
@@ -112,7 +126,13 @@ async def stop(srv: Server, conn: Connection, request: Request) -> None:
     """POST /stop {"id": stream}: end a resumable stream's generation now."""
     stream_id = request.json().get("id")
     rec = srv.streams.streams.get(stream_id) if isinstance(stream_id, str) else None
-    if rec is None:
+    if rec is not None and rec.job is not None:
+        rec.job.stop.set()
+        stopped: bool | None = not rec.ended
+    elif srv.shared is not None and isinstance(stream_id, str):  # generated on another replica, if at all: Redis says
+        stopped = await srv.shared.stop(stream_id)
+    else:
+        stopped = None
+    if stopped is None:
         raise ProtocolError("no such stream (or it was forgotten)", 404)
-    rec.job.stop.set()
-    conn.write(json_response(200, {"id": rec.id, "stopped": not rec.ended}))
+    conn.write(json_response(200, {"id": stream_id, "stopped": stopped}))

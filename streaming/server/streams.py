@@ -13,8 +13,10 @@ seconds, at most `count` of them. At most `orphans` live streams may have no rea
 the oldest stops at once, and the engine admits streams with a reader before those without. An id we never issued, or one forgotten, is unknown: the server
 answers 204, which tells EventSource to stop reconnecting, never a silent new generation.
 
-No I/O here: the server's tasks (resumable.py) append events and read them. Leaves out
-persistence (a restart forgets every stream) and sharing the record between server processes.
+No I/O here: the server's tasks (resumable.py) append events and read them. With --store memory
+a restart forgets every stream; with --store redis:// (shared.py) every event is also written to
+Redis, and a recording may be a *view*: a stream another replica generates (job None), filled
+from Redis, which this replica may take over (then it gets a job and grows as its own).
 """
 
 import asyncio
@@ -48,15 +50,23 @@ class Recording:
     """One resumable stream: its numbered events, whether it ended, and who is reading it."""
 
     def __init__(self, stream_id, job):
-        self.id, self.job = stream_id, job
+        self.id, self.job = stream_id, job  # job None: a view of a stream generated elsewhere
         self.events = []  # encoded SSE events; events[k] carries `id: {self.id}.{k}`
+        self.tokens = []  # tokens[k]: the token ids event k's text came from (a view's too)
+        self.last = False  # the last event is in `events` (it may not be written to Redis yet)
         self.ended_at = None  # time.monotonic() of the last event
         self.grew = asyncio.Event()  # set (and replaced) whenever an event is added
         self.readers = 0
         self.grace = None  # the timer that stops generation when nobody came back
 
-    def add(self, data, event=None):
-        self.events.append(sse.event(data, event=event, id=f"{self.id}.{len(self.events)}"))
+    def add(self, data, event=None, ids=(), last=False):
+        self.append(sse.event(data, event=event, id=f"{self.id}.{len(self.events)}"), ids, last)
+
+    def append(self, encoded, ids=(), last=False):
+        """An event as encoded (a view copies them from Redis)."""
+        self.events.append(encoded)
+        self.tokens.append(tuple(ids))
+        self.last = self.last or last
         self.grew.set()
         self.grew = asyncio.Event()
 
@@ -70,17 +80,35 @@ class Recording:
     def ended(self):
         return self.ended_at is not None
 
+    @property
+    def answer(self):
+        """The token ids of the answer so far, as its events carry them."""
+        return [t for ids in self.tokens for t in ids]
+
     def attach(self):
         self.readers += 1
-        self.job.orphaned = False
+        if self.job is not None:
+            self.job.orphaned = False
         if self.grace is not None:
             self.grace.cancel()
             self.grace = None
+
+    def read_elsewhere(self, grace):
+        """A reader follows this stream on another replica (shared.py says so every second):
+        not orphaned, and the grace period counts from now."""
+        if self.job is None or self.ended:
+            return
+        self.job.orphaned = False
+        if self.readers == 0 and self.grace is not None:
+            self.grace.cancel()
+            self.grace = asyncio.get_running_loop().call_later(grace, self.job.stop.set)
 
     def detach(self, grace):
         """A reader left. If it was the last and the stream is live, stop generating after `grace`
         seconds unless a reader comes back (None: never stop, the naive server)."""
         self.readers -= 1
+        if self.job is None:
+            return
         self.job.orphaned = self.readers == 0  # the engine serves streams with a reader first
         if self.readers == 0 and not self.ended and grace is not None:
             self.grace = asyncio.get_running_loop().call_later(grace, self.job.stop.set)
@@ -115,7 +143,7 @@ class Store:
     def limit_orphans(self):
         """Stop the oldest live streams that nobody reads, past `orphans` of them: a burst of
         abandoned streams must not delay the streams people are reading."""
-        live = [rec for rec in self.streams.values() if not rec.ended and rec.readers == 0]
+        live = [rec for rec in self.streams.values() if not rec.ended and rec.readers == 0 and rec.job is not None]
         for rec in live[: max(0, len(live) - self.orphans)]:
             rec.job.stop.set()
 

@@ -1,0 +1,252 @@
+"""Resumable streams in Redis (--store redis://HOST:PORT/DB), so that any replica can serve them.
+
+The generating replica keeps its own recording (streams.py) for its own readers, and a *mirror*
+task copies each event to a Redis Stream as it is added, with what a stranger needs to continue
+the answer. Per stream S (every key lives --resume-keep seconds after its last write):
+
+    streaming:s:S   the events: entry 0-(k+1) is event k: e (the SSE bytes as sent), t (its
+                    token ids, space-separated), x ("1" on the last event). Explicit entry ids
+                    also fence writers: a second writer of event k is refused by Redis.
+    streaming:m:S   a hash: the prompt's token ids and the request's parameters (JSON)
+    streaming:l:S   the generator's lease: its replica's name, for LEASE_MS, renewed every RENEW
+    streaming:k:S   set by POST /stop on any replica: a taker must not go on generating
+
+and one channel, streaming:ctl, that every replica subscribes to: "stop S" (the generator stops
+within a step) and "read S" (a reader follows S on another replica: do not stop it for want of
+readers). takeover.py is the other side: views of streams generated elsewhere, and taking over
+one whose lease expired.
+
+Redis going away stops nothing that is live: the mirror retries every RETRY seconds and catches
+up from what Redis holds when it is back; leases are renewed again; only a resume on a replica
+that does not generate the stream fails (503, store_unavailable) meanwhile, counted in
+streaming_store_errors_total. Leaves out Redis Cluster and Sentinel (one Redis, or a proxy).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import sys
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError, ResponseError
+
+from streaming.server.streams import Recording
+from streaming.wire.errors import ProtocolError
+from streaming.wire.params import MAX_TOKENS
+
+if TYPE_CHECKING:
+    from streaming.server.app import Server
+
+PREFIX = "streaming:"
+LEASE_MS = 3000  # a generator's lease: a survivor takes a stream over within ~3 s of its generator dying
+RENEW = 1.0  # seconds between lease renewals (and "read" notes): a third of the lease, so one late renewal is fine
+RETRY = 0.5  # seconds between tries while Redis is away
+TIMEOUT = 2.0  # seconds a Redis command may take before it counts as failed (blocking reads take less)
+MAX_EVENTS = MAX_TOKENS + 16  # a stream's cap in Redis: never trims an answer, bounds a runaway writer
+# Set the lease if it is free or already ours, else say 0 (someone took the stream over).
+RENEW_SCRIPT = """local v = redis.call('GET', KEYS[1])
+if v == false or v == ARGV[1] then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end
+return 0"""
+RELEASE_SCRIPT = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+
+
+def key(kind: str, stream_id: str) -> str:
+    return f"{PREFIX}{kind}:{stream_id}"
+
+
+def unavailable() -> ProtocolError:
+    return ProtocolError(
+        "the stream store (Redis) cannot be reached: streams generated on other replicas cannot be resumed now",
+        503,
+        close_code=1011,
+        kind="store_unavailable",
+        headers=[("Retry-After", "2")],
+    )
+
+
+class Shared:
+    def __init__(self, url: str, keep: float, grace: float, name: str | None = None) -> None:
+        self.redis = aioredis.Redis.from_url(url, socket_timeout=TIMEOUT, socket_connect_timeout=TIMEOUT)
+        self.keep_ms, self.grace = int(keep * 1000), grace
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}"  # this replica, in leases and logs
+        self.owned: dict[str, Recording] = {}  # streams this replica generates (or writes the end of)
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.errors = 0  # Redis commands that failed (the metric)
+        self.taken_over = 0  # streams this replica took over from a replica that died
+        self.srv: Server | None = None
+
+    def start(self, srv: Server) -> None:
+        self.srv = srv
+        self.spawn(self.listen())
+        self.spawn(self.renew())
+
+    def spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    def failed(self, what: str, e: BaseException) -> None:
+        self.errors += 1
+        if self.srv is not None:
+            self.srv.metrics.store_errors.inc()
+        print(f"store: {what} failed: {e!r}", file=sys.stderr, flush=True)
+
+    async def close(self, timeout: float) -> None:
+        """At shutdown: let the mirrors finish writing (and release their leases), then stop."""
+        mirrors = [t for t in self.tasks if t.get_name().startswith("mirror")]
+        if mirrors:
+            await asyncio.wait(mirrors, timeout=timeout)
+        for task in list(self.tasks):
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.redis.aclose()
+
+    # --- the generating replica ----------------------------------------------------------------
+
+    def own(self, rec: Recording, written: int = 0) -> None:
+        """Mirror a recording this replica generates to Redis, from event `written` on (a stream
+        taken over has its first events there already)."""
+        self.owned[rec.id] = rec
+        self.spawn(self.mirror(rec, written)).set_name(f"mirror {rec.id}")
+
+    async def mirror(self, rec: Recording, written: int) -> None:
+        meta = written == 0  # a new stream: its prompt and parameters go first
+        while written < len(rec.events) or not rec.ended:
+            grew = rec.grew
+            if written == len(rec.events):
+                await grew.wait()
+                continue
+            try:
+                written = await self.write(rec, written, meta)
+                meta = False
+            except ResponseError as e:  # event `written` is there already: another replica writes it
+                print(f"stream {rec.id}: another replica took it over ({e}): stopping here", flush=True)
+                self.lost(rec)
+                return
+            except (RedisError, OSError) as e:
+                self.failed(f"writing stream {rec.id}", e)
+                await asyncio.sleep(RETRY)
+                written = await self.written(rec.id, written)
+        self.owned.pop(rec.id, None)
+        try:
+            await self.redis.eval(RELEASE_SCRIPT, 1, key("l", rec.id), self.name)
+        except (RedisError, OSError) as e:  # it expires by itself
+            self.failed(f"releasing the lease of {rec.id}", e)
+
+    async def write(self, rec: Recording, written: int, meta: bool) -> int:
+        """Write events `written`.. in one round trip; return how many are written now."""
+        job, end = rec.job, len(rec.events)
+        pipe = self.redis.pipeline(transaction=False)
+        if meta and job is not None:
+            params = json.dumps(asdict(job.params))
+            pipe.hset(key("m", rec.id), mapping={"ids": " ".join(map(str, job.ids)), "params": params})
+            pipe.set(key("l", rec.id), self.name, px=LEASE_MS)
+        for k in range(written, end):
+            fields = {"e": rec.events[k], "t": " ".join(map(str, rec.tokens[k]))}
+            if rec.last and k == end - 1:
+                fields["x"] = "1"
+            pipe.xadd(key("s", rec.id), fields, id=f"0-{k + 1}", maxlen=MAX_EVENTS, approximate=False)  # type: ignore[arg-type]
+        for kind in "sm":
+            pipe.pexpire(key(kind, rec.id), self.keep_ms)
+        await pipe.execute()
+        return end
+
+    async def written(self, stream_id: str, guess: int) -> int:
+        """How many events of a stream Redis holds (after a failed write, some may be there)."""
+        try:
+            last = await self.redis.xrevrange(key("s", stream_id), count=1)
+        except (RedisError, OSError):
+            return guess
+        return int(last[0][0].split(b"-")[1]) if last else 0
+
+    def lost(self, rec: Recording) -> None:
+        """Another replica generates this stream now: stop here without an end, so the readers
+        here reconnect and are served there."""
+        self.owned.pop(rec.id, None)
+        if rec.job is not None:
+            rec.job.handed_off = True
+            rec.job.stop.set()
+
+    async def renew(self) -> None:
+        """Every RENEW seconds: renew the leases of the streams this replica generates."""
+        while True:
+            await asyncio.sleep(RENEW)
+            live = [rec for rec in self.owned.values() if not rec.ended]
+            if not live:
+                continue
+            try:
+                pipe = self.redis.pipeline(transaction=False)
+                for rec in live:
+                    pipe.eval(RENEW_SCRIPT, 1, key("l", rec.id), self.name, LEASE_MS)
+                held = await pipe.execute()
+            except (RedisError, OSError) as e:
+                self.failed("renewing leases", e)
+                continue
+            for rec, ok in zip(live, held, strict=True):
+                if not ok:
+                    print(f"stream {rec.id}: its lease went to another replica: stopping here", flush=True)
+                    self.lost(rec)
+
+    def hand_off(self) -> int:
+        """At shutdown: stop generating every live stream without an end, so that its readers
+        reconnect and another replica takes it over (the mirror writes what was made first, then
+        releases the lease). Returns how many."""
+        live = [rec for rec in self.owned.values() if not rec.ended and rec.job is not None]
+        for rec in live:
+            rec.job.handed_off = True
+            rec.job.stop.set()
+        return len(live)
+
+    # --- every replica -------------------------------------------------------------------------
+
+    async def stop(self, stream_id: str) -> bool | None:
+        """POST /stop for a stream this replica does not generate: whether it was live (None:
+        Redis has no such stream)."""
+        try:
+            last = await self.redis.xrevrange(key("s", stream_id), count=1)
+            if not last:
+                return None
+            if b"x" in last[0][1]:
+                return False
+            await self.redis.set(key("k", stream_id), 1, px=self.keep_ms)
+            await self.redis.publish(f"{PREFIX}ctl", f"stop {stream_id}")
+            return True
+        except (RedisError, OSError) as e:
+            self.failed(f"stopping {stream_id}", e)
+            raise unavailable() from None
+
+    async def note(self, what: str, stream_id: str) -> None:
+        try:
+            await self.redis.publish(f"{PREFIX}ctl", f"{what} {stream_id}")
+        except (RedisError, OSError) as e:
+            self.failed(f"publishing {what}", e)
+
+    async def listen(self) -> None:
+        """Follow the control channel (resubscribing after Redis comes back)."""
+        assert self.srv is not None
+        streams = self.srv.streams.streams
+        while True:
+            try:
+                async with self.redis.pubsub(ignore_subscribe_messages=True) as sub:
+                    await sub.subscribe(f"{PREFIX}ctl")
+                    while True:
+                        message = await sub.get_message(timeout=RENEW)
+                        if message is None:
+                            continue
+                        what, _, stream_id = message["data"].decode().partition(" ")
+                        rec = streams.get(stream_id)
+                        if rec is None or rec.job is None:
+                            continue
+                        if what == "stop":
+                            rec.job.stop.set()
+                        elif what == "read":
+                            rec.read_elsewhere(self.grace)
+            except (RedisError, OSError) as e:
+                self.failed("listening for stops", e)
+                await asyncio.sleep(RETRY)
