@@ -31,14 +31,17 @@ def available():
     return binary() is not None
 
 
-REPLICAS = re.compile(r"(?:^ *server 127\.0\.0\.1:\d+;.*\n)+", re.M)  # the upstream block's server lines
+REPLICAS = re.compile(r"(?:^ *server 127\.0\.0\.1:\d+([^;]*);.*\n)+", re.M)  # the upstream block's servers
 
 
 def config(upstream_port, port, extra=()):
     ports = [upstream_port] if isinstance(upstream_port, int) else list(upstream_port)
-    text, n = REPLICAS.subn("".join(f"        server 127.0.0.1:{p};\n" for p in ports), CONF.read_text(), count=1)
-    if n != 1:
+    text = CONF.read_text()
+    found = REPLICAS.search(text)
+    if found is None:
         raise ValueError(f"{CONF} no longer has an upstream block of `server 127.0.0.1:PORT;` lines")
+    lines = "".join(f"        server 127.0.0.1:{p}{found[1]};\n" for p in ports)  # each with the first's parameters
+    text = text[: found.start()] + lines + text[found.end() :]
     for old, new in (("listen 127.0.0.1:8080;", f"listen 127.0.0.1:{port};"),
                      (MARK, MARK + "".join(f"\n            {d}" for d in extra))):  # fmt: skip
         if old not in text:

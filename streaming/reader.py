@@ -3,7 +3,7 @@
 `read(port, target)` sends GET target (a /stream?prompt=... query), reads the SSE events, and
 whenever the connection ends without the stream's end ([DONE] or an error event) connects again
 with `Last-Event-ID` set to the last event's id, until the end, a 204 (nothing to resume), or
-`reconnects` tries. It records every event with its number, so a caller can check that the
+`patience` seconds without an event (EventSource would try for ever). It records every event with its number, so a caller can check that the
 pieces joined have no gap and no repeat, and how long each reconnection left the reader waiting
 (from the drop to the next event). Blocking sockets, one reader a thread: the experiments run
 16 of them at once. Built on the project's own parsers (ResponseReader, sse.EventParser).
@@ -73,7 +73,7 @@ def drop_after(n: int) -> Callable[[Reading], bool]:
 def read(
     port: int,
     target: str,
-    reconnects: int = 20,
+    patience: float = 30.0,
     on_event: Callable[[Reading], bool] | None = None,
     host: str = "127.0.0.1",
 ) -> Reading:
@@ -82,7 +82,7 @@ def read(
     r = Reading()
     last: str | None = None
     dropped_at: float | None = None
-    for _ in range(reconnects + 1):
+    while dropped_at is None or time.monotonic() - dropped_at < patience:
         r.connections += 1
         head = f"GET {target} HTTP/1.1\r\nHost: {host}:{port}\r\nAccept: text/event-stream\r\n"
         head += f"Last-Event-ID: {last}\r\n" if last else ""

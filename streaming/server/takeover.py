@@ -115,7 +115,7 @@ async def take(srv: Server, shared: Shared, rec: Recording) -> bool:
     srv.metrics.takeovers.inc()
     print(
         f"stream {rec.id}: taken over after {len(prior)} tokens and {len(rec.events)} events "
-        f"(its generator's lease expired){' (it was stopped: ending it)' if stopped else ''}",
+        f"(its generator's lease expired or was handed off){' (it was stopped: ending it)' if stopped else ''}",
         flush=True,
     )
     written = len(rec.events)
