@@ -4,6 +4,7 @@
     python experiments.py all [--model bundled]                                   # starts everything
     python experiments.py nginx [--model bundled]                                 # through a real nginx
     python experiments.py page [--model bundled]                                  # results/page.png
+    python experiments.py replicas [--model bundled]                              # Redis, 2 replicas, nginx
 
 `leave` reads 10 pieces of a 100-token /stream, closes, and reads from GET /log how many tokens
 the server generated in all; `stop` does the same over /ws with {"stop": true}; `proxy` sends
@@ -15,6 +16,9 @@ numbers, and saves results/experiments.json and results/timeline.png. `nginx` ru
 through Debian's nginx (streaming/nginxctl.py): honoring X-Accel-Buffering and told to ignore it, a reader
 leaving, a /ws stop, and an idle timeout with and without keep-alive pings; it saves
 results/nginx.json. `page` saves a screenshot of the browser page mid-stream (results/page.png).
+`replicas` (streaming/replicas.py) starts Redis, two replicas with --store redis:// and nginx in
+front, and checks resuming on the other replica, following from it, stopping through nginx, a
+replica SIGKILLed mid-answer and a rolling restart under 16 readers; it saves results/replicas.json.
 """
 
 import argparse
@@ -173,6 +177,18 @@ def nginx_(args):
     client.save(Path(args.results) / "nginx.json", results)
     say(f"saved {Path(args.results) / 'nginx.json'}")
     return results
+
+
+def replicas_(args):
+    from streaming import nginxctl, redisctl, replicas
+
+    missing = [name for name, m in (("redis-server", redisctl), ("nginx", nginxctl)) if not m.available()]
+    if missing:
+        print(f"not installed: {', '.join(missing)} (apt-get install redis-server nginx): skipping", flush=True)
+        return None
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+    tokens = args.max_tokens or replicas.MAX_TOKENS
+    return replicas.run(args.model, tokens, args.token_delay, args.results)
 
 
 # --- `page`: the browser page mid-stream, as a picture --------------------------------------------
@@ -346,6 +362,7 @@ def all_(args):
         honoring.wait()
         say(f"server :{server.port}, naive :{naive.port}, proxy :{buffering.port}, --honor proxy :{honoring.port}")
         ports = (server.port, naive.port, buffering.port, honoring.port)
+        args.max_tokens = args.max_tokens or N
         results = asyncio.run(run_all(ports, args.prompts, args.max_tokens))
         info = {k: results.get(k) for k in ("model", "device", "dtype", "quantize")}
         measured = dict(info, prompts=args.prompts, max_tokens=args.max_tokens, **results["measure"])
@@ -367,7 +384,7 @@ def all_(args):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("experiment", choices=["leave", "stop", "proxy", "nginx", "page", "all"])
+    p.add_argument("experiment", choices=["leave", "stop", "proxy", "nginx", "page", "replicas", "all"])
     p.add_argument("--host", default=client.HOST)
     p.add_argument("--port", type=int, default=None, help="the server's port (default 8765; `all`: a free one)")
     p.add_argument("--proxy-port", type=int, default=None, help="the proxy's port (default 8766; `all`: a free one)")
@@ -376,13 +393,16 @@ def main(argv=None):
     p.add_argument("--model", default=os.environ.get("LM_MODEL", "bundled"), help="`all`: the servers' model")
     p.add_argument("--dtype", default=None, help="`all`: the servers' dtype")
     p.add_argument("--prompts", type=int, default=5, help="`all`: prompts for the measure table")
-    p.add_argument("--max-tokens", type=int, default=100, help="`all`: tokens per answer in the measure table")
+    p.add_argument(
+        "--max-tokens", type=int, default=None, help="tokens per answer: `all`'s measure table (100), `replicas` (200)"
+    )
+    p.add_argument("--token-delay", type=float, default=0.0, help="`replicas`: the replicas' --token-delay")
     p.add_argument("--results", default="results", help="`all`: folder for experiments.json and timeline.png")
     args = p.parse_args(argv)
-    if args.experiment in ("all", "nginx", "page"):
+    if args.experiment in ("all", "nginx", "page", "replicas"):
         args.port = args.port or 0
         args.proxy_port = args.proxy_port or 0
-        return {"all": all_, "nginx": nginx_, "page": page_}[args.experiment](args)
+        return {"all": all_, "nginx": nginx_, "page": page_, "replicas": replicas_}[args.experiment](args)
     port = args.port or 8765
     if args.experiment == "proxy":
         port = args.proxy_port or 8766  # the article's proxy port

@@ -44,7 +44,9 @@ class Reading:
 
     @property
     def text(self) -> str:
-        return "".join(json.loads(e.data)["text"] for _, e in self.events if e.event == "message" and e.data != "[DONE]")
+        return "".join(
+            json.loads(e.data)["text"] for _, e in self.events if e.event == "message" and e.data != "[DONE]"
+        )
 
     @property
     def lost(self) -> int:
@@ -76,18 +78,21 @@ def read(
     patience: float = 30.0,
     on_event: Callable[[Reading], bool] | None = None,
     host: str = "127.0.0.1",
+    resume: int | None = None,
+    last: str | None = None,
 ) -> Reading:
     """Follow a resumable stream through drops; `on_event(reading)` returning True drops the
-    connection then (a test's network blink)."""
+    connection then (a test's network blink). `resume`: the port to come back to (another
+    replica; default `port`); `last`: begin as a reader coming back after that event id."""
     r = Reading()
-    last: str | None = None
     dropped_at: float | None = None
     while dropped_at is None or time.monotonic() - dropped_at < patience:
         r.connections += 1
-        head = f"GET {target} HTTP/1.1\r\nHost: {host}:{port}\r\nAccept: text/event-stream\r\n"
+        at = port if r.connections == 1 else (resume or port)
+        head = f"GET {target} HTTP/1.1\r\nHost: {host}:{at}\r\nAccept: text/event-stream\r\n"
         head += f"Last-Event-ID: {last}\r\n" if last else ""
         try:
-            with socket.create_connection((host, port), timeout=READ_TIMEOUT) as s:
+            with socket.create_connection((host, at), timeout=READ_TIMEOUT) as s:
                 s.sendall(head.encode() + b"\r\n")
                 status, last, dropped_at = follow(s, r, last, dropped_at, on_event)
         except OSError:

@@ -80,5 +80,6 @@ def status(srv: Server) -> dict[str, Any]:
         "requests_stopped": stats.stopped,  # early: the reader left or said stop
         "tokens_after_stop": stats.tokens_after_stop,  # generated for nobody after those stops
         "resumable_streams": len(srv.streams.streams),
+        "store": srv.shared.status() if srv.shared is not None else {"kind": "memory"},
         **srv.runner.metrics(),
     }

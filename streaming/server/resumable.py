@@ -15,8 +15,8 @@ import json
 from typing import TYPE_CHECKING
 
 from streaming.generation.prompts import encode_prompt
-from streaming.server.connection import Connection
 from streaming.server import takeover
+from streaming.server.connection import Connection
 from streaming.server.streams import RETRY_MS, Recording
 from streaming.wire import sse
 from streaming.wire.errors import ProtocolError, error_body

@@ -78,6 +78,7 @@ class Shared:
         self.tasks: set[asyncio.Task[Any]] = set()
         self.errors = 0  # Redis commands that failed (the metric)
         self.taken_over = 0  # streams this replica took over from a replica that died
+        self.views = 0  # resumes of streams generated elsewhere that this replica served
         self.srv: Server | None = None
 
     def start(self, srv: Server) -> None:
@@ -90,6 +91,17 @@ class Shared:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
         return task
+
+    def status(self) -> dict[str, Any]:
+        """For /metrics.json."""
+        return {
+            "kind": "redis",
+            "replica": self.name,
+            "generating": sum(not rec.ended for rec in self.owned.values()),
+            "views_served": self.views,
+            "taken_over": self.taken_over,
+            "errors": self.errors,
+        }
 
     def failed(self, what: str, e: BaseException) -> None:
         self.errors += 1

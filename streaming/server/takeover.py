@@ -68,6 +68,7 @@ async def find(srv: Server, shared: Shared, event_id: str) -> tuple[Recording, i
     if rec.ended and k >= len(rec.events) - 1:
         return None
     srv.streams.streams[stream_id] = rec
+    shared.views += 1
     if not rec.ended:  # events this replica has not yet got (k may be past them: they will come)
         shared.spawn(watch(srv, shared, rec))
     return rec, k
