@@ -145,6 +145,7 @@ class Shared:
                 self.failed(f"writing stream {rec.id}", e)
                 await asyncio.sleep(RETRY)
                 written = await self.written(rec.id, written)
+                meta = meta or written == 0  # a Redis that came back empty: the stream again from the start
         self.owned.pop(rec.id, None)
         try:
             await self.redis.eval(RELEASE_SCRIPT, 1, key("l", rec.id), self.name)

@@ -27,12 +27,14 @@ from redis.exceptions import RedisError
 
 from streaming.server.shared import LEASE_MS, PREFIX, RENEW, RETRY, Shared, key, unavailable
 from streaming.server.streams import Recording, parse_event_id
+from streaming.wire.errors import ProtocolError, error_body
 from streaming.wire.params import GenerationParams
 
 if TYPE_CHECKING:
     from streaming.server.app import Server
 
 BLOCK_MS = int(RENEW * 1000)  # a watch's blocking read: it checks the lease and says "read" this often
+LOST = ProtocolError("the stream's generator is gone and the store lost its prompt", 503, 1011, "stream_lost")
 
 
 def entry_number(entry_id: bytes) -> int:
@@ -106,8 +108,12 @@ async def take(srv: Server, shared: Shared, rec: Recording) -> bool:
     fill(rec, await r.xrange(key("s", rec.id), min=f"0-{len(rec.events) + 1}"))
     meta = await r.hgetall(key("m", rec.id))
     stopped = await r.exists(key("k", rec.id))
-    if rec.ended:  # it ended after all (the end was written just before the lease expired)
+    if rec.ended or b"params" not in meta:  # it ended after all, or Redis lost what it needs
         await r.delete(key("l", rec.id))
+        if not rec.ended:
+            print(f"stream {rec.id}: cannot be taken over: its prompt is no longer in the store", flush=True)
+            rec.add(json.dumps(error_body(LOST)), event="error", last=True)
+            rec.end()
         return True
     params = GenerationParams(**json.loads(meta[b"params"]))
     ids = [int(t) for t in meta[b"ids"].split()]
