@@ -61,7 +61,7 @@ class Reading:
 
 def drop_after(n: int) -> Callable[[Reading], bool]:
     """An on_event that drops the connection once, after the n-th event."""
-    dropped = []
+    dropped: list[bool] = []
 
     def check(reading: Reading) -> bool:
         if not dropped and len(reading.events) >= n:
@@ -129,7 +129,7 @@ def follow(s, r: Reading, last, dropped_at, on_event):
         if item is END:
             return status, last, dropped_at
         if not isinstance(item, bytes):
-            status = item.status
+            status = item.status  # type: ignore[union-attr]  # (END was handled above)
             r.statuses.append(status)
             continue
         for ev in parser.feed(item):

@@ -17,6 +17,7 @@ import json
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from streaming import reader
@@ -113,7 +114,7 @@ class Cluster:
             r.close()
         if owner is None:
             return None
-        port = int(owner.decode().rsplit(":", 1)[1])
+        port = int(bytes(owner).decode().rsplit(":", 1)[1])  # type: ignore[arg-type]
         return self.ports.index(port) if port in self.ports else None
 
     def close(self) -> None:
@@ -153,6 +154,16 @@ def in_thread(fn, *args, **kw) -> tuple[threading.Thread, list]:
     t = threading.Thread(target=lambda: out.append(fn(*args, **kw)), daemon=True)
     t.start()
     return t, out
+
+
+def noting(ids: list) -> Callable[[reader.Reading], bool]:
+    """An on_event that notes the stream's id at every event (len(ids): events so far)."""
+
+    def note(r: reader.Reading) -> bool:
+        ids.append(r.stream)
+        return False
+
+    return note
 
 
 def when(condition, timeout: float = 60.0) -> bool:
@@ -211,7 +222,7 @@ def run(model: str, max_tokens: int, token_delay: float, folder: str) -> dict:
               f"resumes served from Redis by replicas 0, 1: {served}; lost {s['lost']}, repeated {s['repeated']}")  # fmt: skip
 
         ids: list = []
-        t, first = in_thread(reader.read, a, q, on_event=lambda r: bool(ids.append(r.stream)))
+        t, first = in_thread(reader.read, a, q, on_event=noting(ids))
         when(lambda: bool(ids))
         follower = reader.read(b, "/stream", last=f"{ids[0]}.0")
         t.join()
@@ -234,7 +245,7 @@ def stop_case(c: Cluster, q: str, checks: list) -> dict:
     a = c.ports[0]
     assert c.nginx is not None
     ids: list = []
-    t, got = in_thread(reader.read, a, q, on_event=lambda r: bool(ids.append(r.stream)))
+    t, got = in_thread(reader.read, a, q, on_event=noting(ids))
     when(lambda: len(ids) >= 10)
     after = get_json(a, "/metrics.json")["tokens_after_stop"]
     t0 = time.monotonic()
@@ -254,7 +265,7 @@ def stop_case(c: Cluster, q: str, checks: list) -> dict:
 def failover_case(c: Cluster, q: str, w: str, checks: list) -> dict:
     assert c.nginx is not None
     ids: list = []
-    t, got = in_thread(reader.read, c.nginx.port, q, on_event=lambda r: bool(ids.append(r.stream)))
+    t, got = in_thread(reader.read, c.nginx.port, q, on_event=noting(ids))
     when(lambda: len(ids) >= 15)
     gen = c.generator_of(ids[0])
     assert gen is not None, "no replica holds the stream's lease"

@@ -16,7 +16,7 @@ from helpers import http, metrics
 from prometheus_client.parser import text_string_to_metric_families
 
 from streaming import nginxctl, reader, redisctl
-from streaming.replicas import Cluster, get_json, in_thread, query, when
+from streaming.replicas import Cluster, get_json, in_thread, noting, query, when
 from streaming.server.streams import Recording
 from streaming.server.takeover import fill
 
@@ -81,7 +81,7 @@ def test_resume_on_the_other_replica_is_the_whole_text_once(cluster, whole):
 def test_a_second_reader_follows_the_stream_from_the_other_replica(cluster, whole):
     a, b = cluster.ports
     ids = []
-    t, first = in_thread(reader.read, a, Q, on_event=lambda r: bool(ids.append(r.stream)))
+    t, first = in_thread(reader.read, a, Q, on_event=noting(ids))
     assert when(lambda: len(ids) >= 3, 30)
     follower = reader.read(b, "/stream", last=f"{ids[0]}.0")
     t.join(60)
@@ -92,7 +92,7 @@ def test_a_second_reader_follows_the_stream_from_the_other_replica(cluster, whol
 def test_stop_from_the_other_replica_stops_it_within_a_step(cluster):
     a, b = cluster.ports
     ids = []
-    t, got = in_thread(reader.read, a, query(400), on_event=lambda r: bool(ids.append(r.stream)))
+    t, got = in_thread(reader.read, a, query(400), on_event=noting(ids))
     assert when(lambda: len(ids) >= 5, 30)
     before = get_json(a, "/metrics.json")["tokens_after_stop"]
     status, _, body = http(b, "POST", "/stop", {"id": ids[0]})
@@ -107,7 +107,7 @@ def test_stop_from_the_other_replica_stops_it_within_a_step(cluster):
     assert status == 404 and json.loads(body)["error"]["type"] == "not_found"
 
 
-def test_an_ended_stream_is_forgotten_after_resume_keep(cluster, whole):
+def test_an_ended_stream_is_forgotten_after_resume_keep(cluster):
     a, b = cluster.ports
     r = reader.read(a, Q, on_event=reader.drop_after(5), resume=b)
     assert r.ended == "done"
@@ -141,7 +141,7 @@ def test_a_rolling_restart_under_16_readers_loses_no_stream_and_no_piece(cluster
 def test_redis_going_away_keeps_live_readers_and_resume_fails_clearly_then_recovers(cluster, whole):
     a, b = cluster.ports
     ids = []
-    t, got = in_thread(reader.read, a, Q, on_event=lambda r: bool(ids.append(r.stream)))
+    t, got = in_thread(reader.read, a, Q, on_event=noting(ids))
     assert when(lambda: len(ids) >= 3, 30)
     port = cluster.redis.port
     cluster.redis.stop()
@@ -161,7 +161,7 @@ def failover(engine, q):
     with Cluster(2, (*ARGS, "--engine", engine), model="exact") as c:
         uninterrupted = reader.read(c.ports[0], q)
         ids = []
-        t, got = in_thread(reader.read, c.nginx.port, q, on_event=lambda r: bool(ids.append(r.stream)))
+        t, got = in_thread(reader.read, c.nginx.port, q, on_event=noting(ids))
         assert when(lambda: len(ids) >= 15, 30)
         gen = c.generator_of(ids[0])
         c.kill(gen)
