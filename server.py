@@ -24,6 +24,7 @@ import lm
 from streaming.generation.engine import MAX_BATCH, PREFILL_CHUNK
 from streaming.generation.policy import PREFILL_BUDGET, SCHEDULES
 from streaming.generation.runner import ENGINES
+from streaming.generation.upstream import Upstream
 from streaming.server.app import serve
 from streaming.server.config import (
     BACKLOG,
@@ -55,6 +56,13 @@ def parse_args(argv=None):
         p.error("--queue bounds a generation thread; use it with --engine thread")
     if min(args.max_batch, args.prefill_chunk, args.prefill_budget, args.keepalive_requests) < 1:
         p.error("--max-batch, --prefill-chunk, --prefill-budget and --keepalive-requests must be at least 1")
+    if (args.engine == "upstream") != bool(args.upstream):
+        p.error("--engine upstream and --upstream URL go together")
+    for url in args.upstream:
+        try:
+            Upstream(url)
+        except ValueError as e:
+            p.error(str(e))
     return args
 
 
@@ -64,8 +72,18 @@ def engine_options(g):
         choices=ENGINES,
         default="batched",
         help="batched: one thread steps every request at once; thread: the article's thread per "
-        "request; free: no model, ' x' pieces at once (measures the server's own cost per event)",
+        "request; free: no model, ' x' pieces at once (measures the server's own cost per event); "
+        "upstream: relay OpenAI-compatible engines (--upstream)",
     )
+    g.add_argument(
+        "--upstream",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="upstream: an OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1 (repeat for several)",
+    )
+    g.add_argument("--upstream-key", default=None, help="upstream: sent as Authorization: Bearer KEY")
+    g.add_argument("--upstream-model", default=None, help="upstream: the model to ask for (default: the first listed)")
     g.add_argument("--max-batch", type=int, default=MAX_BATCH, help="batched: requests per step; more wait")
     g.add_argument(
         "--prefill-chunk", type=int, default=PREFILL_CHUNK, help="batched: a longer prompt joins alone, N tokens a step"
@@ -146,7 +164,9 @@ def config_of(args):
     """The server's settings from parsed options (the model's go to lm.configure)."""
     names = Config.__dataclass_fields__
     values = {k: v for k, v in vars(args).items() if k in names}
-    values.update(allow_origin=tuple(args.allow_origin), allow_host=tuple(args.allow_host))
+    values.update(
+        allow_origin=tuple(args.allow_origin), allow_host=tuple(args.allow_host), upstream=tuple(args.upstream)
+    )
     return Config(**dict(values, body_memory=args.max_body_memory))
 
 
@@ -176,7 +196,9 @@ def main(argv=None):
         lm.configure(args)
     except lm.ModelError as e:
         sys.exit(f"error: {e}")
-    sys.exit(asyncio.run(serve(config_of(args), load)))
+    config = config_of(args)
+    # --engine upstream runs no model here: the upstreams do
+    sys.exit(asyncio.run(serve(config, None if config.engine == "upstream" else load)))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import threading
 
 import pytest
 import redis
-from helpers import http, metrics
+from helpers import ServerProcess, http, metrics, server_log
 from prometheus_client.parser import text_string_to_metric_families
 
 from streaming import nginxctl, reader, redisctl
@@ -156,9 +156,9 @@ def test_redis_going_away_keeps_live_readers_and_resume_fails_clearly_then_recov
     assert r.ended == "done" and r.text == whole.text and r.connections == 2
 
 
-def failover(engine, q):
+def failover(engine, q, extra=()):
     """SIGKILL the replica generating a stream mid-answer, read through nginx: the reading."""
-    with Cluster(2, (*ARGS, "--engine", engine), model="exact") as c:
+    with Cluster(2, (*ARGS, "--engine", engine, *extra), model="exact") as c:
         uninterrupted = reader.read(c.ports[0], q)
         ids = []
         t, got = in_thread(reader.read, c.nginx.port, q, on_event=noting(ids))
@@ -204,3 +204,16 @@ def test_the_reader_counts_gaps_and_repeats():
     r = reader.Reading(events=[(k, None) for k in (0, 1, 3, 3, 4)])
     assert r.lost == 1 and r.repeated == 1
     assert threading.active_count() >= 1
+
+
+def test_a_stream_relayed_from_an_upstream_survives_its_replica_being_killed():
+    """The survivor continues with a new upstream request whose prompt ends with the text so far
+    (continue_final_message): the same greedy text, with the exact model behind both."""
+    with ServerProcess("--model", "exact", "--token-delay", "0.03") as upstream:
+        upstream.wait()
+        q = query(80)
+        uninterrupted, r, survivor = failover("upstream", q, ("--upstream", f"http://127.0.0.1:{upstream.port}/v1"))
+        continued = [e for e in server_log(upstream.port) if e[0] == "/v1/chat/completions"]
+    assert r.ended == "done" and r.connections >= 2 and not r.lost and not r.repeated
+    assert r.text == uninterrupted.text
+    assert survivor and "taken over after" in survivor[0] and len(continued) == 3  # whole, killed, continued

@@ -96,6 +96,7 @@ class Job:
         self.produced = len(self.prior)  # tokens so far, written by the producing side
         self.pending: list[int] = []  # ids whose text the detokenizer still holds
         self.handed_off = False  # shutting down: end without flushing (another replica takes over)
+        self.prompt: Any = None  # the request's Prompt (prompts.py), kept for a replica that takes over
         self.out: asyncio.Queue = asyncio.Queue()
         self.done = self.loop.create_future()  # the number of tokens generated, EOS included
         self.reason: str | None = None  # why it ended: "eos", "length" (max_tokens) or "stopped" (the flag)

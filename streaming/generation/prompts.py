@@ -1,7 +1,12 @@
-"""A request's prompt as token ids: plain text, or a conversation through the chat template;
-either way checked to fit the model's context with the answer it asks for."""
+"""A request's prompt: plain text or a conversation (`Prompt`), and as token ids, plain text or
+through the chat template, checked to fit the model's context with the answer it asks for. A
+local engine reads the ids; an upstream engine (upstream.py) sends the conversation."""
 
 from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
 
 import lm
 from streaming.wire.errors import InvalidRequest
@@ -13,10 +18,39 @@ def encode_prompt(prompt: str, params: GenerationParams) -> list[int]:
     return check_context(lm.tok(prompt).input_ids, params)
 
 
-def encode_chat(messages: list[dict[str, str]], params: GenerationParams) -> list[int]:
-    """Token ids of a conversation through the model's chat template, ready for the answer."""
-    text = lm.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+def encode_chat(messages: list[dict[str, str]], params: GenerationParams, continue_final: bool = False) -> list[int]:
+    """Token ids of a conversation through the model's chat template, ready for the answer (or,
+    `continue_final`, going on with its last message, an assistant's)."""
+    how: dict[str, Any] = {"continue_final_message": True} if continue_final else {"add_generation_prompt": True}
+    text = lm.tok.apply_chat_template(messages, tokenize=False, **how)
     return check_context(lm.tok(text, add_special_tokens=False).input_ids, params)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """What a request asks: `text` (our own endpoints) or `messages` (the /v1/ APIs)."""
+
+    text: str | None = None
+    messages: tuple[dict[str, str], ...] = ()
+    continue_final: bool = False
+
+    def encode(self, params: GenerationParams) -> list[int]:
+        if self.messages:
+            return encode_chat(list(self.messages), params, self.continue_final)
+        assert self.text is not None
+        return encode_prompt(self.text, params)
+
+    def chat(self) -> list[dict[str, str]]:
+        """As a conversation, for an upstream's Chat Completions: plain text is a user's message."""
+        return list(self.messages) if self.messages else [{"role": "user", "content": self.text or ""}]
+
+    def dumps(self) -> str:
+        return json.dumps({"text": self.text, "messages": list(self.messages), "continue_final": self.continue_final})
+
+    @classmethod
+    def loads(cls, data: str | bytes) -> Prompt:
+        value = json.loads(data)
+        return cls(value["text"], tuple(value["messages"]), value["continue_final"])
 
 
 def check_context(ids: list[int], params: GenerationParams) -> list[int]:

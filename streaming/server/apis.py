@@ -8,11 +8,10 @@ Leaves out what streaming.wire.apis leaves out.
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING, Any
 
 import lm
-from streaming.generation.prompts import encode_chat
+from streaming.generation.prompts import Prompt
 from streaming.server.connection import Connection
 from streaming.server.plain import SSE_HEAD
 from streaming.wire.apis import ApiRequest, Format
@@ -25,8 +24,12 @@ if TYPE_CHECKING:
 
 
 def model_id(srv: Server) -> str:
-    """--served-model-name, else the model's short name (never a file's full path)."""
-    return srv.config.served_model_name or lm.served_name()
+    """--served-model-name, else the upstream's model, else the model's short name (never a file's
+    full path)."""
+    if srv.config.served_model_name:
+        return srv.config.served_model_name
+    pool = srv.runner.pool
+    return (pool.model or "upstream") if pool is not None else lm.served_name()
 
 
 async def models(srv: Server, conn: Connection, _request: Request) -> None:
@@ -37,13 +40,12 @@ async def models(srv: Server, conn: Connection, _request: Request) -> None:
 async def answer(srv: Server, conn: Connection, request: Request) -> None:
     fmt: Format = conn.api  # the route's format (app.ROUTES)
     api = fmt.parse(request.json())
-    ids = await asyncio.to_thread(encode_chat, api.messages, api.params)
-    job = srv.job(ids, api.params)
+    job = await srv.runner.open(Prompt(None, tuple(api.messages), api.continue_final), api.params)
     try:
         if api.stream:
-            await stream(srv, conn, request.path, fmt, api, job, len(ids))
+            await stream(srv, conn, request.path, fmt, api, job, len(job.ids))
         else:
-            await whole(srv, conn, request.path, fmt, api, job, len(ids))
+            await whole(srv, conn, request.path, fmt, api, job, len(job.ids))
     finally:
         job.stop.set()
 
@@ -67,6 +69,7 @@ async def whole(srv: Server, conn: Connection, path: str, fmt: Format, api: ApiR
         srv.record(path, job, produced, conn.gone, whole=True)
     if cut := srv.cut_short(job):
         raise cut
+    prompt = getattr(job, "prompt_tokens", prompt)  # an upstream's count, from its usage
     value = fmt.whole(model_id(srv), "".join(parts), fmt.finish(job.reason, matcher.matched), prompt, produced)
     if not conn.gone:
         conn.write(json_response(200, value))
@@ -87,6 +90,8 @@ async def stream(srv: Server, conn: Connection, path: str, fmt: Format, api: Api
         watcher.cancel()
     produced = await job.done
     left = left or conn.gone
+    if hasattr(enc, "prompt_tokens"):
+        enc.prompt_tokens = getattr(job, "prompt_tokens", prompt)  # an upstream's count, from its usage
     if end is None:
         cut = srv.cut_short(job)
         end = enc.error(cut.message) if cut else enc.end(fmt.finish(job.reason, matcher.matched), produced)

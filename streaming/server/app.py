@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 from streaming.generation.job import Job
 from streaming.generation.policy import schedule
 from streaming.generation.runner import Runner
+from streaming.generation.upstream import Pool
 from streaming.server import apis, info, plain, resumable, websocket
 from streaming.server.config import Config
 from streaming.server.connection import Budget, Connection
@@ -30,7 +31,6 @@ from streaming.wire.anthropic import Anthropic
 from streaming.wire.errors import InvalidRequest, ProtocolError
 from streaming.wire.http11 import response
 from streaming.wire.openai import OpenAI
-from streaming.wire.params import GenerationParams
 
 SHUTDOWN_JOIN = 5.0  # seconds to wait for generation to end at shutdown
 SHUTDOWN_END = 5.0  # seconds the answers still running after the grace have to write their end
@@ -67,12 +67,14 @@ ROUTES = {
 class Server:
     def __init__(self, config: Config, runner: Runner | None = None) -> None:
         self.config = config
+        pool = Pool(list(config.upstream), config.upstream_key, config.upstream_model) if config.upstream else None
         self.runner = runner or Runner(
             config.engine,
             config.job_settings(),
             config.max_batch,
             config.prefill_chunk,
             schedule(config.schedule, config.prefill_budget),
+            pool,
         )
         self.log: list[list[Any]] = []  # [path, generated tokens, client left early], one per finished request
         self.connections: set[asyncio.Task[Any]] = set()  # handler tasks
@@ -168,9 +170,6 @@ class Server:
             raise ProtocolError("the model is still loading: GET /ready says when", 503, headers=[("Retry-After", "2")])
         await route.handler(self, conn, request)
 
-    def job(self, ids: list[int], params: GenerationParams) -> Job:
-        return self.runner.start(ids, params)
-
     def record(
         self, path: str, job: Job, produced: int, left: bool, what: str = "client left early", whole: bool = False
     ) -> None:
@@ -206,6 +205,8 @@ class Server:
                 item = getter.result()
             if item is None:
                 return
+            if isinstance(item, ProtocolError):  # an upstream's failure, in its own words
+                raise item
             if isinstance(item, BaseException):
                 raise ProtocolError(f"generation failed: {item}", 500, close_code=1011, kind="generation_failed")
             now = time.monotonic()

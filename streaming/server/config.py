@@ -54,6 +54,9 @@ class Config:
     resume_keep: float = KEEP_SECONDS
     resume_streams: int = KEEP_COUNT
     resume_orphans: int = ORPHANS
+    upstream: tuple[str, ...] = ()  # --engine upstream: OpenAI-compatible base URLs (http://host:8000/v1)
+    upstream_key: str | None = None  # sent as `Authorization: Bearer` to the upstreams
+    upstream_model: str | None = None  # the model to ask them for (default: the first they list)
     store: str = "memory"  # or redis://HOST:PORT/DB: resumable streams shared by replicas (shared.py)
 
     @property

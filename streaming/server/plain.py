@@ -8,11 +8,10 @@ a resumable stream instead (resumable.py). Leaves out: stop strings (the /v1/ AP
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import TYPE_CHECKING
 
-from streaming.generation.prompts import encode_prompt
+from streaming.generation.prompts import Prompt
 from streaming.server import resumable
 from streaming.server.connection import Connection
 from streaming.wire import sse
@@ -32,8 +31,7 @@ def text_event(piece: str) -> bytes:
 
 async def start(srv: Server, request: Request):
     prompt, params = plain_request(request.json())
-    ids = await asyncio.to_thread(encode_prompt, prompt, params)
-    return srv.job(ids, params)
+    return await srv.runner.open(Prompt(prompt), params)
 
 
 async def complete(srv: Server, conn: Connection, request: Request) -> None:

@@ -14,7 +14,7 @@ import asyncio
 import json
 from typing import TYPE_CHECKING
 
-from streaming.generation.prompts import encode_prompt
+from streaming.generation.prompts import Prompt
 from streaming.server import takeover
 from streaming.server.connection import Connection
 from streaming.server.streams import RETRY_MS, Recording
@@ -51,8 +51,7 @@ async def resumable(srv: Server, conn: Connection, request: Request) -> None:
     body = query_body(request.query) if request.method == "GET" else request.json()
     body.pop("resumable", None)
     prompt, params = plain_request(body)
-    ids = await asyncio.to_thread(encode_prompt, prompt, params)
-    rec = srv.streams.create(srv.job(ids, params))
+    rec = srv.streams.create(await srv.runner.open(Prompt(prompt), params))
     rec.add(json.dumps({"id": rec.id}), event="stream")  # event 0 names the stream, for /stop
     if srv.shared is not None:
         srv.shared.own(rec)

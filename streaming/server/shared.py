@@ -158,7 +158,9 @@ class Shared:
         pipe = self.redis.pipeline(transaction=False)
         if meta and job is not None:
             params = json.dumps(asdict(job.params))
-            pipe.hset(key("m", rec.id), mapping={"ids": " ".join(map(str, job.ids)), "params": params})
+            prompt = job.prompt.dumps() if job.prompt is not None else "null"
+            fields = {"ids": " ".join(map(str, job.ids)), "params": params, "prompt": prompt}
+            pipe.hset(key("m", rec.id), mapping=fields)
             pipe.set(key("l", rec.id), self.name, px=LEASE_MS)
         for k in range(written, end):
             fields = {"e": rec.events[k], "t": " ".join(map(str, rec.tokens[k]))}

@@ -25,10 +25,12 @@ from typing import TYPE_CHECKING
 
 from redis.exceptions import RedisError
 
+from streaming.generation.prompts import Prompt
 from streaming.server.shared import LEASE_MS, PREFIX, RENEW, RETRY, Shared, key, unavailable
 from streaming.server.streams import Recording, parse_event_id
 from streaming.wire.errors import ProtocolError, error_body
 from streaming.wire.params import GenerationParams
+from streaming.wire.sse import EventParser
 
 if TYPE_CHECKING:
     from streaming.server.app import Server
@@ -126,12 +128,22 @@ async def take(srv: Server, shared: Shared, rec: Recording) -> bool:
         flush=True,
     )
     written = len(rec.events)
-    if stopped or len(prior) >= params.max_tokens:  # nothing more to generate: only the end
+    texts = [json.loads(ev.data)["text"] for e in rec.events[1:] for ev in EventParser().feed(e)]
+    if stopped or max(len(prior), len(texts)) >= params.max_tokens:  # nothing more to generate: only the end
         rec.add("[DONE]", last=True)
         rec.end()
         shared.own(rec, written)
         return True
-    rec.job = srv.runner.start(ids, params, prior)
+    try:
+        if srv.runner.pool is not None:  # an upstream continues the text so far
+            rec.job = await srv.runner.open(Prompt.loads(meta[b"prompt"]), params, "".join(texts), len(texts))
+        else:
+            rec.job = srv.runner.start(ids, params, prior)
+    except ProtocolError as e:
+        rec.add(json.dumps(error_body(e)), event="error", last=True)
+        rec.end()
+        shared.own(rec, written)
+        return True
     rec.job.orphaned = rec.readers == 0
     shared.own(rec, written)
     start_pump(srv, rec)

@@ -13,7 +13,7 @@ import asyncio
 import json
 from typing import TYPE_CHECKING, Any
 
-from streaming.generation.prompts import encode_prompt
+from streaming.generation.prompts import Prompt
 from streaming.server.connection import READ_SIZE, Connection
 from streaming.wire import websocket as frames
 from streaming.wire.errors import InvalidRequest, ProtocolError, error_body
@@ -110,8 +110,8 @@ async def websocket(srv: Server, conn: Connection, request: Request) -> None:
     await session(srv, conn.ws)
 
 
-async def first_request(srv: Server, ws: WebSocket) -> tuple[Any, list[int]] | None:
-    """The first message: the request's parameters and prompt ids, or a close 1008."""
+async def first_request(srv: Server, ws: WebSocket) -> Any:
+    """The first message's job, started, or a close 1008 (an upstream's failure: 1011)."""
     try:
         first = await asyncio.wait_for(ws.receive(), srv.config.request_timeout)
     except asyncio.TimeoutError:
@@ -121,18 +121,20 @@ async def first_request(srv: Server, ws: WebSocket) -> tuple[Any, list[int]] | N
     body = json_object(first, "the first message")  # ProtocolError: a close 1008
     try:
         prompt, params = plain_request(body)
-        return params, await asyncio.to_thread(encode_prompt, prompt, params)
+        return await srv.runner.open(Prompt(prompt), params)
     except InvalidRequest as e:
         err = ws.conn.problem(e)
         ws.send_text(json.dumps(error_body(err)))  # the details, then the close code
         raise err from None
+    except ProtocolError as e:  # an upstream's failure before any text: the details, then 1011
+        ws.send_text(json.dumps(error_body(e)))
+        raise
 
 
 async def session(srv: Server, ws: WebSocket) -> None:
-    request = await first_request(srv, ws)
-    if request is None:
+    job = await first_request(srv, ws)
+    if job is None:
         return
-    job = srv.job(request[1], request[0])
     listener = asyncio.create_task(ws.listen(job))
 
     async def ping() -> bool:

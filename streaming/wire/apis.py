@@ -26,6 +26,7 @@ class ApiRequest(NamedTuple):
     stop: list[str]  # stop strings
     include_usage: bool = False  # OpenAI's stream_options.include_usage
     obfuscation: bool = True  # OpenAI's random padding of stream chunks
+    continue_final: bool = False  # vLLM's continue_final_message: go on with the last (assistant) message
 
 
 class Finish(NamedTuple):
@@ -66,5 +67,10 @@ def stops(value: Any, name: str) -> list[str]:
 
 
 def kind_of(status: int, server_error: str) -> str:
-    """The error type both APIs name by status (server_error is each API's word for a 500)."""
-    return {401: "authentication_error", 404: "not_found_error", 500: server_error}.get(status, "invalid_request_error")
+    """The error type both APIs name by status (server_error is each API's word for a 5xx: ours,
+    or an upstream's relayed as 502/503/504)."""
+    if status >= 500:
+        return server_error
+    return {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error"}.get(
+        status, "invalid_request_error"
+    )

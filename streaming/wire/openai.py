@@ -65,6 +65,9 @@ class OpenAI:
             top_p=number(body, "top_p", 1.0, 1e-6, 1, none_is_default=True),
             ignore_eos=body.get("ignore_eos") is True,  # vLLM's extension, for measurements
         )
+        continue_final = body.get("continue_final_message") is True  # vLLM's extension
+        if continue_final and chat[-1]["role"] != "assistant":
+            raise InvalidRequest("continue_final_message needs an assistant message last", "continue_final_message")
         options = body.get("stream_options") or {}
         if not isinstance(options, dict):
             raise InvalidRequest("stream_options must be an object", "stream_options")
@@ -75,6 +78,7 @@ class OpenAI:
             stop=stops(body.get("stop"), "stop"),
             include_usage=options.get("include_usage") is True,
             obfuscation=options.get("include_obfuscation", True) is not False,
+            continue_final=continue_final,
         )
 
     def models(self, model_id: str) -> dict[str, Any]:
