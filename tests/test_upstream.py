@@ -110,7 +110,7 @@ def test_errors_before_the_headers_are_502_in_each_endpoints_shape():
         assert status == 200  # and it keeps serving
 
 
-def test_an_upstreams_refusal_keeps_its_status_or_becomes_502(upstream):
+def test_an_upstreams_refusal_keeps_its_status_or_becomes_502():
     with ServerProcess("--api-key", "sekrit", "--model", "exact") as keyed:
         keyed.wait()
         argv = ("--engine", "upstream", "--upstream", f"http://127.0.0.1:{keyed.port}/v1", "--upstream-model", "m")
