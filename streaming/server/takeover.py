@@ -57,9 +57,13 @@ async def find(srv: Server, shared: Shared, event_id: str) -> tuple[Recording, i
     """(view, k) for a Last-Event-ID of a stream generated elsewhere, or None: unknown to Redis,
     or naming its last event. Raises a 503 if Redis cannot be reached."""
     parsed = parse_event_id(event_id)
-    if parsed is None or parsed[0] in srv.streams.streams:
-        return None  # not ours, or this replica knows it (and found nothing to send)
+    if parsed is None:
+        return None
     stream_id, k = parsed
+    if (known := srv.streams.streams.get(stream_id)) is not None:
+        # A live stream behind the reader (its first generator died before writing what the
+        # reader saw, and the taker makes those events again): wait for them. Else nothing to send.
+        return (known, k) if not known.ended else None
     try:
         entries = await shared.redis.xrange(key("s", stream_id))
     except (RedisError, OSError) as e:
