@@ -8,7 +8,7 @@
    against --store redis:// (the mirror's share).
 3. Events a second one Redis takes: XADD of an entry of the measured size from redis-benchmark,
    50 clients, one command at a time and pipelined 16 deep (the mirror writes what piled up in one
-   round trip), spread over 1,000 streams.
+   round trip), spread over 1,000 streams; and lease renewals (shared.RENEW_SCRIPT) a second.
 
 Saves results/store.json. Leaves out Redis on another machine (the loopback's round trip is
 ~50 us; a network's is more, which pipelining hides).
@@ -27,6 +27,7 @@ from bench import cpu_seconds
 from streaming import reader
 from streaming.launch import Server
 from streaming.redisctl import Redis
+from streaming.server.shared import LEASE_MS, RENEW_SCRIPT
 
 ROUNDS = 5  # resumable streams per CPU measurement
 EVENTS = 2000  # events per stream there
@@ -77,7 +78,15 @@ def redis_rate(port, entry):
         p = subprocess.run([*argv, "XADD", "bench:s:__rand_int__", "*", *fields], capture_output=True, text=True)
         rate = float(re.findall(r"([\d.]+) requests per second", p.stdout)[-1])
         out[f"pipeline_{depth}"] = rate
-        print(f"one Redis, XADD of a {sum(map(len, fields))}-byte entry, pipeline {depth}: {rate:,.0f} a second", flush=True)
+        print(
+            f"one Redis, XADD of a {sum(map(len, fields))}-byte entry, pipeline {depth}: {rate:,.0f} a second",
+            flush=True,
+        )
+    argv = ["redis-benchmark", "-p", str(port), "-n", "200000", "-c", "50", "-P", "16", "-r", "100000", "-q"]
+    renew = ["EVAL", RENEW_SCRIPT, "1", "streaming:l:__rand_int__", "replica", str(LEASE_MS)]
+    p = subprocess.run([*argv, *renew], capture_output=True, text=True)
+    out["lease_renewals_per_s"] = float(re.findall(r"([\d.]+) requests per second", p.stdout)[-1])
+    print(f"one Redis, lease renewals (the Lua script), pipeline 16: {out['lease_renewals_per_s']:,.0f} a second")
     return out
 
 

@@ -245,36 +245,37 @@ class Server:
             left = not await conn.send(frame(rest), timeout)
         return left
 
-    async def shutdown(self, listener: asyncio.Server) -> None:
-        """Drain: accept no more; let the answers in flight finish for --shutdown-grace seconds;
-        then stop the rest, which end as their endpoint says an error (an error event, a 503, a
-        close 1001) and are logged; cancel only what still runs after that."""
-        listener.close()
-        self.draining = True
-        if self.shared is not None:  # the live streams go on on other replicas: end them here now
-            print(f"handing off {self.shared.hand_off()} live streams", flush=True)
-        for task in list(self.idle):  # keep-alive connections between requests: nothing to finish
-            task.cancel()
-        busy = set(self.connections) | set(self.pumps)
-        if busy:
-            await asyncio.wait(busy, timeout=self.config.shutdown_grace)
-        self.closing = True
-        self.runner.stop_all()
-        busy = set(self.connections) | set(self.pumps)
-        if busy:
-            await asyncio.wait(busy, timeout=SHUTDOWN_END)
-        for task in list(self.connections) + list(self.pumps):
-            task.cancel()
-        await asyncio.gather(*self.connections, *self.pumps, return_exceptions=True)
-        if self.shared is not None:
-            await self.shared.close(SHUTDOWN_END)
-        await self.runner.wait_all(SHUTDOWN_JOIN)
-
     def cut_short(self, job: Job) -> ProtocolError | None:
         """The error to end the answer with if the shutdown stopped its job, else None."""
         if self.closing and job.reason == "stopped":
             return ProtocolError(SHUTTING_DOWN, 503, close_code=1001, kind="shutting_down")
         return None
+
+
+async def shutdown(srv: Server, listener: asyncio.Server) -> None:
+    """Drain: accept no more; let the answers in flight finish for --shutdown-grace seconds;
+    then stop the rest, which end as their endpoint says an error (an error event, a 503, a
+    close 1001) and are logged; cancel only what still runs after that."""
+    listener.close()
+    srv.draining = True
+    if srv.shared is not None:  # the live streams go on on other replicas: end them here now
+        print(f"handing off {srv.shared.hand_off()} live streams", flush=True)
+    for task in list(srv.idle):  # keep-alive connections between requests: nothing to finish
+        task.cancel()
+    busy = set(srv.connections) | set(srv.pumps)
+    if busy:
+        await asyncio.wait(busy, timeout=srv.config.shutdown_grace)
+    srv.closing = True
+    srv.runner.stop_all()
+    busy = set(srv.connections) | set(srv.pumps)
+    if busy:
+        await asyncio.wait(busy, timeout=SHUTDOWN_END)
+    for task in list(srv.connections) + list(srv.pumps):
+        task.cancel()
+    await asyncio.gather(*srv.connections, *srv.pumps, return_exceptions=True)
+    if srv.shared is not None:
+        await srv.shared.close(SHUTDOWN_END)
+    await srv.runner.wait_all(SHUTDOWN_JOIN)
 
 
 async def serve(config: Config, load: Callable[[], str] | None = None) -> int:
@@ -307,7 +308,7 @@ async def serve(config: Config, load: Callable[[], str] | None = None) -> int:
         loader = asyncio.create_task(loading())
     async with listener:
         await done.wait()
-        await srv.shutdown(listener)
+        await shutdown(srv, listener)
     if load is not None:
         loader.cancel()
     if failed:
