@@ -188,7 +188,7 @@ def replicas_(args):
         return None
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     tokens = args.max_tokens or replicas.MAX_TOKENS
-    return replicas.run(args.model, tokens, args.token_delay, args.results)
+    return replicas.run(args.model, tokens, args.token_delay, args.results, args.dtype)
 
 
 # --- `page`: the browser page mid-stream, as a picture --------------------------------------------
@@ -391,7 +391,7 @@ def main(argv=None):
     p.add_argument("--naive-port", type=int, default=0, help="`all`: the --naive server's port")
     p.add_argument("--honor-port", type=int, default=0, help="`all`: the honoring proxy's port")
     p.add_argument("--model", default=os.environ.get("LM_MODEL", "bundled"), help="`all`: the servers' model")
-    p.add_argument("--dtype", default=None, help="`all`: the servers' dtype")
+    p.add_argument("--dtype", default=None, help="`all`, `replicas`: the servers' dtype")
     p.add_argument("--prompts", type=int, default=5, help="`all`: prompts for the measure table")
     p.add_argument(
         "--max-tokens", type=int, default=None, help="tokens per answer: `all`'s measure table (100), `replicas` (200)"
