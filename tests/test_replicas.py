@@ -154,6 +154,9 @@ def test_redis_going_away_keeps_live_readers_and_resume_fails_clearly_then_recov
     cluster.redis = redisctl.Redis(port=port)  # back (empty: nothing was saved)
     r = reader.read(a, Q, on_event=reader.drop_after(8), resume=b)  # both replicas reconnect
     assert r.ended == "done" and r.text == whole.text and r.connections == 2
+    channel = "streaming:ctl:" + get_json(a, "/metrics.json")["store"]["replica"]
+    assert when(lambda: store(cluster).pubsub_numsub(channel)[0][1] == 1, 10)  # a listens again
+    test_stop_from_the_other_replica_stops_it_within_a_step(cluster)
 
 
 def failover(engine, q, extra=()):

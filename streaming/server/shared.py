@@ -11,9 +11,10 @@ the answer. Per stream S (every key lives --resume-keep seconds after its last w
     streaming:l:S   the generator's lease: its replica's name, for LEASE_MS, renewed every RENEW
     streaming:k:S   set by POST /stop on any replica: a taker must not go on generating
 
-and one channel, streaming:ctl, that every replica subscribes to: "stop S" (the generator stops
-within a step) and "read S" (a reader follows S on another replica: do not stop it for want of
-readers). takeover.py is the other side: views of streams generated elsewhere, and taking over
+and a channel per replica, streaming:ctl:NAME, that only it subscribes to: "stop S" (the
+generator stops within a step) and "read S" (a reader follows S on another replica: do not stop it
+for want of readers) go to the channel of the replica that S's lease names (NOTE_SCRIPT: one
+round trip), so no replica hears of streams it does not generate, however many replicas there are. takeover.py is the other side: views of streams generated elsewhere, and taking over
 one whose lease expired.
 
 Redis going away stops nothing that is live: the mirror retries every RETRY seconds and catches
@@ -53,6 +54,11 @@ RENEW_SCRIPT = """local v = redis.call('GET', KEYS[1])
 if v == false or v == ARGV[1] then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end
 return 0"""
 RELEASE_SCRIPT = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+# Publish a note to the channel of the replica holding the lease, if one does (else nobody generates).
+NOTE_SCRIPT = """local owner = redis.call('GET', KEYS[1])
+if owner then return redis.call('PUBLISH', ARGV[1] .. owner, ARGV[2]) end
+return 0"""
+CONTROL = f"{PREFIX}ctl:"  # + a replica's name: its control channel
 
 
 def key(kind: str, stream_id: str) -> str:
@@ -229,18 +235,16 @@ class Shared:
                 return None
             if b"x" in last[0][1]:
                 return False
-            await self.redis.set(key("k", stream_id), 1, px=self.keep_ms)
-            await self.redis.publish(f"{PREFIX}ctl", f"stop {stream_id}")
+            await self.redis.set(key("k", stream_id), 1, px=self.keep_ms)  # for a taker, if it died
+            await self.note("stop", stream_id)
             return True
         except (RedisError, OSError) as e:
             self.failed(f"stopping {stream_id}", e)
             raise unavailable() from None
 
     async def note(self, what: str, stream_id: str) -> None:
-        try:
-            await self.redis.publish(f"{PREFIX}ctl", f"{what} {stream_id}")
-        except (RedisError, OSError) as e:
-            self.failed(f"publishing {what}", e)
+        """Tell the replica generating a stream: "stop" or "read" (raises RedisError)."""
+        await self.redis.eval(NOTE_SCRIPT, 1, key("l", stream_id), CONTROL, f"{what} {stream_id}")
 
     async def listen(self) -> None:
         """Follow the control channel (resubscribing after Redis comes back)."""
@@ -249,7 +253,7 @@ class Shared:
         while True:
             try:
                 async with self.redis.pubsub(ignore_subscribe_messages=True) as sub:
-                    await sub.subscribe(f"{PREFIX}ctl")
+                    await sub.subscribe(CONTROL + self.name)
                     while True:
                         message = await sub.get_message(timeout=RENEW)
                         if message is None:

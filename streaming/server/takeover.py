@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from redis.exceptions import RedisError
 
 from streaming.generation.prompts import Prompt
-from streaming.server.shared import LEASE_MS, PREFIX, RENEW, RETRY, Shared, key, unavailable
+from streaming.server.shared import LEASE_MS, RENEW, RETRY, Shared, key, unavailable
 from streaming.server.streams import Recording, parse_event_id
 from streaming.wire.errors import ProtocolError, error_body
 from streaming.wire.params import GenerationParams
@@ -93,7 +93,7 @@ async def watch(srv: Server, shared: Shared, rec: Recording) -> None:
         try:
             if time.monotonic() - noted >= RENEW:
                 noted = time.monotonic()
-                await shared.redis.publish(f"{PREFIX}ctl", f"read {rec.id}")
+                await shared.note("read", rec.id)
                 if not await shared.redis.exists(key("l", rec.id)) and await take(srv, shared, rec):
                     return
             got = await shared.redis.xread({stream: f"0-{len(rec.events)}"}, block=BLOCK_MS)
