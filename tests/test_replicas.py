@@ -107,6 +107,27 @@ def test_stop_from_the_other_replica_stops_it_within_a_step(cluster):
     assert status == 404 and json.loads(body)["error"]["type"] == "not_found"
 
 
+def test_through_nginx_a_resume_lands_on_the_other_replica_and_a_stop_reaches_the_generator(cluster, whole):
+    n = cluster.nginx.port
+    before = [get_json(p, "/metrics.json")["store"]["views_served"] for p in cluster.ports]
+    r = reader.read(n, Q, on_event=reader.drop_after(8))  # round robin: the resume goes to the other
+    served = [get_json(p, "/metrics.json")["store"]["views_served"] - v for p, v in zip(cluster.ports, before)]
+    assert r.ended == "done" and r.numbers == list(range(len(whole.events))) and r.text == whole.text
+    assert sorted(served) == [0, 1]
+    ids = []
+    t, got = in_thread(reader.read, n, query(400), on_event=noting(ids))
+    assert when(lambda: len(ids) >= 5, 30)
+    gen = cluster.generator_of(ids[0])
+    after = get_json(cluster.ports[gen], "/metrics.json")["tokens_after_stop"]
+    for _ in range(2):  # one of the two lands on the other replica
+        status, _, body = http(n, "POST", "/stop", {"id": ids[0]})
+        assert status == 200
+    t.join(30)
+    assert got[0].ended == "done" and len(got[0].events) < 100
+    assert when(lambda: get_json(cluster.ports[gen], "/metrics.json")["active_generations"] == 0, 10)
+    assert get_json(cluster.ports[gen], "/metrics.json")["tokens_after_stop"] - after <= 1
+
+
 def test_an_ended_stream_is_forgotten_after_resume_keep(cluster):
     a, b = cluster.ports
     r = reader.read(a, Q, on_event=reader.drop_after(5), resume=b)

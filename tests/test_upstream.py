@@ -77,6 +77,7 @@ def test_every_endpoint_relays_the_upstreams_text(upstream, front):
 
 def test_a_reader_leaving_closes_the_upstream_request(upstream, front):
     before = len(server_log(upstream.port))
+    after_stop = metrics(upstream.port)["tokens_after_stop"]
     s = connect(front.port)
     body = json.dumps({"prompt": PROMPT, "max_tokens": 200, "ignore_eos": True}).encode()
     s.sendall(b"POST /stream HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n")
@@ -90,6 +91,7 @@ def test_a_reader_leaving_closes_the_upstream_request(upstream, front):
     entry = wait_for_log(upstream.port, before + 1)[before]
     assert entry[0] == "/v1/chat/completions" and entry[2] is True  # the upstream saw its reader leave
     assert entry[1] <= 10 + 3  # what was read, plus at most a step or two in flight (not 200)
+    assert metrics(upstream.port)["tokens_after_stop"] - after_stop <= 1  # it stopped within a step
 
 
 def test_errors_before_the_headers_are_502_in_each_endpoints_shape():
