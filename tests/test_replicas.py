@@ -111,7 +111,9 @@ def test_through_nginx_a_resume_lands_on_the_other_replica_and_a_stop_reaches_th
     n = cluster.nginx.port
     before = [get_json(p, "/metrics.json")["store"]["views_served"] for p in cluster.ports]
     r = reader.read(n, Q, on_event=reader.drop_after(8))  # round robin: the resume goes to the other
-    served = [get_json(p, "/metrics.json")["store"]["views_served"] - v for p, v in zip(cluster.ports, before)]
+    served = [
+        get_json(p, "/metrics.json")["store"]["views_served"] - v for p, v in zip(cluster.ports, before, strict=True)
+    ]
     assert r.ended == "done" and r.numbers == list(range(len(whole.events))) and r.text == whole.text
     assert sorted(served) == [0, 1]
     ids = []

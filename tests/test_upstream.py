@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import anthropic
 import openai
 import pytest
 from helpers import ServerProcess, WSClient, connect, events, http, metrics, server_log, stream_texts, wait_for_log
@@ -36,8 +37,15 @@ def front(upstream):
         yield s.wait()
 
 
-def direct(upstream, n=20, seed=4, temperature=0):
-    body = {"model": "x", "messages": MESSAGES, "max_tokens": n, "seed": seed, "temperature": temperature, "top_p": 0.9}
+def direct(upstream, n=20, seed=4, temperature=0, top_p=0.9):
+    body = {
+        "model": "x",
+        "messages": MESSAGES,
+        "max_tokens": n,
+        "seed": seed,
+        "temperature": temperature,
+        "top_p": top_p,
+    }
     status, _, raw = http(upstream.port, "POST", "/v1/chat/completions", body)
     assert status == 200
     return json.loads(raw)["choices"][0]["message"]["content"]
@@ -69,6 +77,11 @@ def test_every_endpoint_relays_the_upstreams_text(upstream, front):
     )
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected
     assert chunks[-1].usage.completion_tokens == 20 and chunks[-1].usage.prompt_tokens > 0  # the upstream's counts
+    claude = anthropic.Anthropic(base_url=f"http://127.0.0.1:{front.port}", api_key="none")
+    with claude.messages.stream(model="any", max_tokens=20, messages=MESSAGES) as st:
+        assert "".join(st.text_stream) == direct(upstream, seed=0, temperature=1, top_p=1.0)  # Anthropic's defaults
+        usage = st.get_final_message().usage
+    assert usage.output_tokens == 20 and usage.input_tokens > 0  # the upstream's prompt count, at the end
     sampled = direct(upstream, seed=9, temperature=1)
     status, _, raw = http(front.port, "POST", "/complete", dict(body, seed=9, temperature=1))
     assert json.loads(raw)["text"] == sampled  # the seed goes upstream too

@@ -90,8 +90,7 @@ async def stream(srv: Server, conn: Connection, path: str, fmt: Format, api: Api
         watcher.cancel()
     produced = await job.done
     left = left or conn.gone
-    if hasattr(enc, "prompt_tokens"):
-        enc.prompt_tokens = getattr(job, "prompt_tokens", prompt)  # an upstream's count, from its usage
+    enc.prompt_tokens = getattr(job, "prompt_tokens", prompt)  # an upstream's count, from its usage
     if end is None:
         cut = srv.cut_short(job)
         end = enc.error(cut.message) if cut else enc.end(fmt.finish(job.reason, matcher.matched), produced)

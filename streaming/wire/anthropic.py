@@ -88,9 +88,9 @@ class Anthropic:
 class AnthropicStream:
     """The named events of one streamed message, as bytes."""
 
-    def __init__(self, model: str, input_tokens: int) -> None:
+    def __init__(self, model: str, prompt_tokens: int) -> None:
         self.id = "msg_" + secrets.token_hex(12)
-        self.model, self.input_tokens = model, input_tokens
+        self.model, self.prompt_tokens = model, prompt_tokens  # may be set again before end() (an upstream's count)
 
     def start(self) -> bytes:
         message: dict[str, Any] = {
@@ -101,7 +101,7 @@ class AnthropicStream:
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": {"input_tokens": self.input_tokens, "output_tokens": 0},
+            "usage": {"input_tokens": self.prompt_tokens, "output_tokens": 0},
         }
         return named("message_start", {"type": "message_start", "message": message}) + named(
             "content_block_start",
@@ -119,7 +119,7 @@ class AnthropicStream:
 
     def end(self, finish: Finish, completion_tokens: int) -> bytes:
         delta = {"stop_reason": finish.reason, "stop_sequence": finish.sequence}
-        usage = {"input_tokens": self.input_tokens, "output_tokens": completion_tokens}
+        usage = {"input_tokens": self.prompt_tokens, "output_tokens": completion_tokens}
         return (
             named("content_block_stop", {"type": "content_block_stop", "index": 0})
             + named("message_delta", {"type": "message_delta", "delta": delta, "usage": usage})
