@@ -15,6 +15,7 @@ Pure: times in, a number out. Leaves out: Andes' scheduling (the engine's busine
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 
@@ -55,25 +56,31 @@ def read_curve(arrivals: Sequence[tuple[float, float]], rate: float, end: float)
     return points
 
 
-def at(curve: Curve, t: float) -> float:
-    for (t0, v0), (t1, v1) in zip(curve, curve[1:], strict=False):
-        if t0 <= t <= t1:
-            return v0 if t1 == t0 else v0 + (v1 - v0) * (t - t0) / (t1 - t0)
-    return curve[-1][1]
+def at(curve: Curve, t: float, times: Sequence[float] | None = None) -> float:
+    """The curve's value at t, from its first piece [t0, t1] holding t (`times`: the curve's
+    times, to find that piece by bisection: integral_of_min asks thousands of times)."""
+    ts = [p[0] for p in curve] if times is None else times
+    j = bisect.bisect_left(ts, t)
+    i = j - 1 if j > 0 else 0  # ts[j-1] < t <= ts[j]: no earlier piece holds t
+    if i + 1 >= len(curve) or not ts[i] <= t <= ts[i + 1]:
+        return curve[-1][1]
+    (t0, v0), (t1, v1) = curve[i], curve[i + 1]
+    return v0 if t1 == t0 else v0 + (v1 - v0) * (t - t0) / (t1 - t0)
 
 
 def integral_of_min(a: Curve, b: Curve, end: float) -> float:
     """∫ min(a, b) dt over [0, end], exactly: both are linear between the merged breakpoints, and
     where they cross inside a piece, the piece is split there."""
     times = sorted({t for t, _ in a} | {t for t, _ in b} | {0.0, end})
+    ta, tb = [t for t, _ in a], [t for t, _ in b]
     total = 0.0
     for t0, t1 in zip(times, times[1:], strict=False):
         if t1 > end:
             break
-        a0, a1, b0, b1 = at(a, t0), at(a, t1), at(b, t0), at(b, t1)
+        a0, a1, b0, b1 = at(a, t0, ta), at(a, t1, ta), at(b, t0, tb), at(b, t1, tb)
         if (a0 - b0) * (a1 - b1) < 0:  # they cross inside: split at the crossing
             x = t0 + (t1 - t0) * (a0 - b0) / ((a0 - b0) - (a1 - b1))
-            m = at(a, x)
+            m = at(a, x, ta)
             total += 0.5 * (x - t0) * (min(a0, b0) + m) + 0.5 * (t1 - x) * (m + min(a1, b1))
         else:
             total += 0.5 * (t1 - t0) * (min(a0, b0) + min(a1, b1))
