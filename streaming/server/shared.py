@@ -49,11 +49,29 @@ RENEW = 1.0  # seconds between lease renewals (and "read" notes): a third of the
 RETRY = 0.5  # seconds between tries while Redis is away
 TIMEOUT = 2.0  # seconds a Redis command may take before it counts as failed (blocking reads take less)
 MAX_EVENTS = MAX_TOKENS + 16  # a stream's cap in Redis: never trims an answer, bounds a runaway writer
-# Set the lease if it is free or already ours, else say 0 (someone took the stream over).
+# Every second, for each live stream: set the lease if it is free or already ours, and keep the
+# stream's keys alive (so an event's write is one XADD, without a PEXPIRE after it); else say 0
+# (someone took the stream over). KEYS: lease, stream, hash; ARGV: name, lease ms, keep ms.
 RENEW_SCRIPT = """local v = redis.call('GET', KEYS[1])
-if v == false or v == ARGV[1] then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end
+if v == false or v == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  redis.call('PEXPIRE', KEYS[2], ARGV[3])
+  redis.call('PEXPIRE', KEYS[3], ARGV[3])
+  return 1
+end
 return 0"""
 RELEASE_SCRIPT = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+# Several events in one command: the client's cost is per command (about 15 us each in redis-py,
+# bench_store.py), so events that piled up go as one. ARGV: the cap, then per event its entry id,
+# SSE bytes, token ids, and "1" if it is the last.
+APPEND_SCRIPT = """for i = 2, #ARGV, 4 do
+  if ARGV[i + 3] == '1' then
+    redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[1], ARGV[i], 'e', ARGV[i + 1], 't', ARGV[i + 2], 'x', '1')
+  else
+    redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[1], ARGV[i], 'e', ARGV[i + 1], 't', ARGV[i + 2])
+  end
+end
+return 1"""
 # Publish a note to the channel of the replica holding the lease, if one does (else nobody generates).
 NOTE_SCRIPT = """local owner = redis.call('GET', KEYS[1])
 if owner then return redis.call('PUBLISH', ARGV[1] .. owner, ARGV[2]) end
@@ -79,6 +97,8 @@ class Shared:
     def __init__(self, url: str, keep: float, grace: float, name: str | None = None) -> None:
         self.redis = aioredis.Redis.from_url(url, socket_timeout=TIMEOUT, socket_connect_timeout=TIMEOUT)
         self.keep_ms, self.grace = int(keep * 1000), grace
+        self.live_ms = max(self.keep_ms, LEASE_MS)  # a live stream's keys outlive a renewal missed or two
+        self.append = self.redis.register_script(APPEND_SCRIPT)  # EVALSHA, loaded on first use
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"  # this replica, in leases and logs
         self.owned: dict[str, Recording] = {}  # streams this replica generates (or writes the end of)
         self.tasks: set[asyncio.Task[Any]] = set()
@@ -161,20 +181,29 @@ class Shared:
     async def write(self, rec: Recording, written: int, meta: bool) -> int:
         """Write events `written`.. in one round trip; return how many are written now."""
         job, end = rec.job, len(rec.events)
+        stream, meta_key = key("s", rec.id), key("m", rec.id)
+        args: list[Any] = [MAX_EVENTS]
+        for k in range(written, end):
+            last = "1" if rec.last and k == end - 1 else ""
+            args += [f"0-{k + 1}", rec.events[k], " ".join(map(str, rec.tokens[k])), last]
+        new, ending = meta and job is not None, rec.last  # (the last event is among these)
+        if not new and not ending:  # the usual case: one command, whatever piled up
+            if end - written == 1:
+                fields = {"e": args[2], "t": args[3]}
+                await self.redis.xadd(stream, fields, id=args[1], maxlen=MAX_EVENTS, approximate=False)  # type: ignore[arg-type]
+            else:
+                await self.append(keys=[stream], args=args)
+            return end
         pipe = self.redis.pipeline(transaction=False)
-        if meta and job is not None:
+        if new:  # its prompt and parameters, and its lease
             params = json.dumps(asdict(job.params))
             prompt = job.prompt.dumps() if job.prompt is not None else "null"
-            fields = {"ids": " ".join(map(str, job.ids)), "params": params, "prompt": prompt}
-            pipe.hset(key("m", rec.id), mapping=fields)
+            pipe.hset(meta_key, mapping={"ids": " ".join(map(str, job.ids)), "params": params, "prompt": prompt})
             pipe.set(key("l", rec.id), self.name, px=LEASE_MS)
-        for k in range(written, end):
-            fields = {"e": rec.events[k], "t": " ".join(map(str, rec.tokens[k]))}
-            if rec.last and k == end - 1:
-                fields["x"] = "1"
-            pipe.xadd(key("s", rec.id), fields, id=f"0-{k + 1}", maxlen=MAX_EVENTS, approximate=False)  # type: ignore[arg-type]
-        for kind in "sm":
-            pipe.pexpire(key(kind, rec.id), self.keep_ms)
+        pipe.eval(APPEND_SCRIPT, 1, stream, *args)
+        ttl = self.keep_ms if ending else self.live_ms  # (while it lives, renew() keeps the keys alive)
+        pipe.pexpire(stream, ttl)
+        pipe.pexpire(meta_key, ttl)
         await pipe.execute()
         return end
 
@@ -204,7 +233,8 @@ class Shared:
             try:
                 pipe = self.redis.pipeline(transaction=False)
                 for rec in live:
-                    pipe.eval(RENEW_SCRIPT, 1, key("l", rec.id), self.name, LEASE_MS)
+                    keys = (key("l", rec.id), key("s", rec.id), key("m", rec.id))
+                    pipe.eval(RENEW_SCRIPT, 3, *keys, self.name, LEASE_MS, self.live_ms)
                 held = await pipe.execute()
             except (RedisError, OSError) as e:
                 self.failed("renewing leases", e)
