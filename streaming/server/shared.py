@@ -109,7 +109,7 @@ class Shared:
 
     def start(self, srv: Server) -> None:
         self.srv = srv
-        self.spawn(self.listen())
+        self.spawn(listen(self))
         self.spawn(self.renew())
 
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
@@ -276,26 +276,28 @@ class Shared:
         """Tell the replica generating a stream: "stop" or "read" (raises RedisError)."""
         await self.redis.eval(NOTE_SCRIPT, 1, key("l", stream_id), CONTROL, f"{what} {stream_id}")
 
-    async def listen(self) -> None:
-        """Follow the control channel (resubscribing after Redis comes back)."""
-        assert self.srv is not None
-        streams = self.srv.streams.streams
-        while True:
-            try:
-                async with self.redis.pubsub(ignore_subscribe_messages=True) as sub:
-                    await sub.subscribe(CONTROL + self.name)
-                    while True:
-                        message = await sub.get_message(timeout=RENEW)
-                        if message is None:
-                            continue
-                        what, _, stream_id = message["data"].decode().partition(" ")
-                        rec = streams.get(stream_id)
-                        if rec is None or rec.job is None:
-                            continue
-                        if what == "stop":
-                            rec.job.stop.set()
-                        elif what == "read":
-                            rec.read_elsewhere(self.grace)
-            except (RedisError, OSError) as e:
-                self.failed("listening for stops", e)
-                await asyncio.sleep(RETRY)
+
+async def listen(shared: Shared) -> None:
+    """Follow this replica's control channel: stops, and readers elsewhere (resubscribing after
+    Redis comes back)."""
+    assert shared.srv is not None
+    streams = shared.srv.streams.streams
+    while True:
+        try:
+            async with shared.redis.pubsub(ignore_subscribe_messages=True) as sub:
+                await sub.subscribe(CONTROL + shared.name)
+                while True:
+                    message = await sub.get_message(timeout=RENEW)
+                    if message is None:
+                        continue
+                    what, _, stream_id = message["data"].decode().partition(" ")
+                    rec = streams.get(stream_id)
+                    if rec is None or rec.job is None:
+                        continue
+                    if what == "stop":
+                        rec.job.stop.set()
+                    elif what == "read":
+                        rec.read_elsewhere(shared.grace)
+        except (RedisError, OSError) as e:
+            shared.failed("listening for stops", e)
+            await asyncio.sleep(RETRY)
