@@ -11,8 +11,8 @@
    round trip), spread over 1,000 streams; and lease renewals (shared.RENEW_SCRIPT: a live
    stream's lease and its keys' time to live, once a second), pipelined 16 deep.
 
-Saves results/store.json. Leaves out Redis on another machine (the loopback's round trip is
-~50 us; a network's is more, which pipelining hides).
+Saves results/store.json. Leaves out Redis on another machine (a network's round trip is longer
+than the loopback's; the mirror's one command a round trip, whatever piled up, absorbs it).
 """
 
 import argparse
