@@ -221,3 +221,31 @@ def test_bad_upstream_options_are_usage_errors():
         p = subprocess.run([sys.executable, "server.py", *argv], capture_output=True, text=True)
         assert p.returncode == 2 and said in p.stderr, p.stderr
     assert time.monotonic() > 0
+
+
+def test_an_upstream_that_does_not_speak_http_is_a_502_not_a_400():
+    """The parser's complaint is about the upstream, not the reader: 502, and no Python text."""
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def answer_nonsense():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"SPDY/9 what\r\n\r\n")
+
+    threading.Thread(target=answer_nonsense, daemon=True).start()
+    try:
+        with ServerProcess("--engine", "upstream", "--upstream", f"http://127.0.0.1:{port}/v1") as s:
+            s.wait()
+            status, _, raw = http(s.port, "POST", "/complete", {"prompt": "a"})
+            error = json.loads(raw)["error"]
+            assert status == 502 and error["type"] == "upstream_failed" and "broken answer" in error["message"]
+    finally:
+        listener.close()

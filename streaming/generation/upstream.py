@@ -181,36 +181,39 @@ def request_bytes(u: Upstream, method: str, path: str, body: bytes | None, key: 
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + (body or b"")
 
 
-async def head(reader: asyncio.StreamReader, parser: ResponseReader, u: Upstream, timeout: float) -> Any:
-    """The response head, read within `timeout`."""
-    deadline = time.monotonic() + timeout
-    while (event := parser.next_event()) is None:
+async def next_item(reader: asyncio.StreamReader, parser: ResponseReader, u: Upstream, timeout: float) -> Any:
+    """The parser's next event (the head, body bytes or END), reading from the upstream as needed,
+    each read within `timeout`. A connection that breaks, goes silent or sends what is not HTTP is
+    an UpstreamError (the parser's ProtocolError would say 400, as if the reader were at fault)."""
+    while True:
         try:
-            data = await asyncio.wait_for(reader.read(65536), max(0.0, deadline - time.monotonic()))
+            item = parser.next_event()
+        except ProtocolError as e:
+            raise UpstreamError(f"upstream {u.url} sent a broken answer: {e.message}") from None
+        if item is not None:
+            return item
+        try:
+            data = await asyncio.wait_for(reader.read(65536), timeout)
         except asyncio.TimeoutError:
-            raise UpstreamError(f"upstream {u.url} did not answer in {timeout:g} s", 504) from None
+            raise UpstreamError(f"upstream {u.url} was silent for {timeout:g} s", 504) from None
         except OSError as e:
             raise UpstreamError(f"upstream {u.url} broke the connection: {e}") from None
-        if not data:
-            parser.feed_eof()
-            if parser.next_event() is None:
-                raise UpstreamError(f"upstream {u.url} closed the connection without an answer")
-        else:
-            parser.feed(data)
-    return event
+        parser.feed(data) if data else parser.feed_eof()
 
 
-async def body_of(reader: asyncio.StreamReader, parser: ResponseReader, limit: int = ERROR_BODY) -> bytes:
+async def head(reader: asyncio.StreamReader, parser: ResponseReader, u: Upstream, timeout: float) -> Any:
+    """The response head, read within `timeout` in all."""
+    try:
+        return await asyncio.wait_for(next_item(reader, parser, u, timeout), timeout)
+    except asyncio.TimeoutError:
+        raise UpstreamError(f"upstream {u.url} did not answer in {timeout:g} s", 504) from None
+
+
+async def body_of(reader: asyncio.StreamReader, parser: ResponseReader, u: Upstream, limit: int = ERROR_BODY) -> bytes:
     out = b""
-    while len(out) < limit:
-        event = parser.next_event()
-        if event is END:
-            break
-        if event is None:
-            data = await asyncio.wait_for(reader.read(65536), READ_TIMEOUT)
-            parser.feed(data) if data else parser.feed_eof()
-        elif isinstance(event, bytes):
-            out += event
+    while len(out) < limit and (item := await next_item(reader, parser, u, READ_TIMEOUT)) is not END:
+        if isinstance(item, bytes):
+            out += item
     return out[:limit]
 
 
@@ -221,7 +224,7 @@ async def request(u: Upstream, method: str, path: str, body: bytes | None, key: 
         writer.write(request_bytes(u, method, path, body, key))
         parser = ResponseReader()
         response = await head(reader, parser, u, CONNECT_TIMEOUT)
-        return response.status, await body_of(reader, parser)
+        return response.status, await body_of(reader, parser, u)
     finally:
         writer.close()
 
@@ -297,12 +300,13 @@ class UpstreamJob(Job):
             await self.run()
         except asyncio.CancelledError:
             self.finish_as("stopped")
-        except UpstreamError as e:
+        except Exception as e:  # noqa: BLE001 - any failure must reach the reader as an error, in its shape
+            if not isinstance(e, UpstreamError):
+                print(f"upstream relay failed: {e!r}", file=sys.stderr, flush=True)
+                e = UpstreamError("relaying the upstream's answer failed")
             if not self.opened.done():
                 self.opened.set_exception(e.protocol())
             self.fail_now(e.protocol())
-        except Exception as e:  # noqa: BLE001 - any failure must reach the reader as an error
-            self.fail_now(e)
         if not self.opened.done():
             self.opened.set_result(None)
 
@@ -339,7 +343,7 @@ class UpstreamJob(Job):
             parser = ResponseReader()
             response = await head(reader, parser, u, FIRST_BYTE_TIMEOUT)
             if response.status != 200:
-                raise refusal(u, response.status, await body_of(reader, parser))
+                raise refusal(u, response.status, await body_of(reader, parser, u))
             if not self.opened.done():
                 self.opened.set_result(None)
             await self.relay(reader, parser, u)
@@ -349,14 +353,7 @@ class UpstreamJob(Job):
     async def relay(self, reader: asyncio.StreamReader, parser: ResponseReader, u: Upstream) -> None:
         events, reason = EventParser(), None
         while True:
-            item = parser.next_event()
-            if item is None:
-                try:
-                    data = await asyncio.wait_for(reader.read(65536), READ_TIMEOUT)
-                except (asyncio.TimeoutError, OSError) as e:
-                    raise UpstreamError(f"upstream {u.url} went silent or broke mid-answer ({e!r})") from None
-                parser.feed(data) if data else parser.feed_eof()
-                continue
+            item = await next_item(reader, parser, u, READ_TIMEOUT)
             if item is END:  # `transformers serve` ends after its finish_reason, without [DONE]
                 if reason is None:
                     raise UpstreamError(f"upstream {u.url} ended its answer without a finish_reason or [DONE]")
