@@ -265,7 +265,6 @@ class UpstreamJob(Job):
         self.stop = UpstreamStop(self)
         self.task: asyncio.Task[None] | None = None
         self.opened: asyncio.Future[None] = self.loop.create_future()  # the upstream answered 200 (or all failed)
-        self.prompt_tokens = 0  # from the upstream's usage
 
     def start(self) -> UpstreamJob:
         super().start()

@@ -43,14 +43,14 @@ async def answer(srv: Server, conn: Connection, request: Request) -> None:
     job = await srv.runner.open(Prompt(None, tuple(api.messages), api.continue_final), api.params)
     try:
         if api.stream:
-            await stream(srv, conn, request.path, fmt, api, job, len(job.ids))
+            await stream(srv, conn, request.path, fmt, api, job)
         else:
-            await whole(srv, conn, request.path, fmt, api, job, len(job.ids))
+            await whole(srv, conn, request.path, fmt, api, job)
     finally:
         job.stop.set()
 
 
-async def whole(srv: Server, conn: Connection, path: str, fmt: Format, api: ApiRequest, job: Any, prompt: int) -> None:
+async def whole(srv: Server, conn: Connection, path: str, fmt: Format, api: ApiRequest, job: Any) -> None:
     watcher = srv.watcher(conn, job)
     matcher, parts = StopMatcher(api.stop), []
     try:
@@ -69,14 +69,15 @@ async def whole(srv: Server, conn: Connection, path: str, fmt: Format, api: ApiR
         srv.record(path, job, produced, conn.gone, whole=True)
     if cut := srv.cut_short(job):
         raise cut
-    prompt = getattr(job, "prompt_tokens", prompt)  # an upstream's count, from its usage
-    value = fmt.whole(model_id(srv), "".join(parts), fmt.finish(job.reason, matcher.matched), prompt, produced)
+    value = fmt.whole(
+        model_id(srv), "".join(parts), fmt.finish(job.reason, matcher.matched), job.prompt_tokens, produced
+    )
     if not conn.gone:
         conn.write(json_response(200, value))
 
 
-async def stream(srv: Server, conn: Connection, path: str, fmt: Format, api: ApiRequest, job: Any, prompt: int) -> None:
-    enc = fmt.stream(model_id(srv), api, prompt)
+async def stream(srv: Server, conn: Connection, path: str, fmt: Format, api: ApiRequest, job: Any) -> None:
+    enc = fmt.stream(model_id(srv), api, job.prompt_tokens)
     conn.start_stream(SSE_HEAD)
     watcher = srv.watcher(conn, job)
     matcher = StopMatcher(api.stop)
@@ -90,7 +91,7 @@ async def stream(srv: Server, conn: Connection, path: str, fmt: Format, api: Api
         watcher.cancel()
     produced = await job.done
     left = left or conn.gone
-    enc.prompt_tokens = getattr(job, "prompt_tokens", prompt)  # an upstream's count, from its usage
+    enc.prompt_tokens = job.prompt_tokens  # again: an upstream's count arrives with its last chunk
     if end is None:
         cut = srv.cut_short(job)
         end = enc.error(cut.message) if cut else enc.end(fmt.finish(job.reason, matcher.matched), produced)

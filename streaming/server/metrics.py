@@ -79,7 +79,7 @@ class Metrics:
             pieces = [(t, 1) for t in job.arrivals] if not whole else [(job.arrivals[-1], len(job.arrivals))]
             if outcome == "finished":  # a reader who left or stopped has no experience to rate
                 self.qoe.labels(endpoint).observe(qoe(pieces))
-        self.prompt_tokens.observe(len(job.ids))
+        self.prompt_tokens.observe(job.prompt_tokens)
         self.answer_tokens.observe(job.produced)
         self.requests.labels(endpoint, outcome).inc()
         if job.stop.at is not None:

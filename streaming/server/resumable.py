@@ -3,8 +3,8 @@
 
 The generation's pieces go into a numbered record (streams.py) by a pump task that outlives its
 readers; each reader follows the record from where it left off. Closing a resumable stream only
-pauses it: generation goes on for the grace period, and POST /stop ends it now. With --store redis:// (shared.py) the record is
-mirrored to Redis: a resume of a stream this replica does not know is served from there
+pauses it: generation goes on for the grace period, and POST /stop ends it now. With
+--store redis:// (shared.py) the record is mirrored to Redis: a resume of a stream this replica does not know is served from there
 (takeover.py), and POST /stop reaches the replica that generates it.
 """
 
@@ -73,12 +73,9 @@ async def pump(srv: Server, rec: Recording) -> None:
     try:
         async for piece in srv.pieces(job):
             rec.add(json.dumps({"text": piece}), ids=getattr(piece, "ids", ()))
-        if job.handed_off:
-            pass
-        elif cut := srv.cut_short(job):
-            rec.add(json.dumps(error_body(cut)), event="error", last=True)
-        else:
-            rec.add("[DONE]", last=True)
+        if not job.handed_off:  # (handed off: no end here, the taker writes it)
+            cut = srv.cut_short(job)
+            rec.add(json.dumps(error_body(cut)), event="error", last=True) if cut else rec.add("[DONE]", last=True)
     except ProtocolError as e:
         rec.add(json.dumps(error_body(e)), event="error", last=True)
     finally:
