@@ -58,7 +58,7 @@ bench-qoe: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
-	$(BIN)/mypy  # the wire layer strictly, the generation layer's annotations (pyproject.toml)
+	$(BIN)/mypy  # the whole package and lm.py: the wire layer strictly, every function elsewhere annotated (pyproject.toml)
 
 format: $(STAMP)
 	$(BIN)/ruff format .

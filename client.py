@@ -11,8 +11,10 @@ sse.EventParser, a real event-stream parser, not the article's `event[len("data:
 WebSocket client masks its frames with fresh random keys, answers pings, and does the close
 handshake.
 
-Responses are read with streaming.wire.http11.ResponseReader and WebSocket frames with the
-sans-I/O streaming.wire.session.Session, the same code the server's side of the wire uses.
+Responses are read with streaming.wire.http11.ResponseReader (through streaming/http_client.py,
+as the upstream relay reads), OpenAI's chunks with the wire layer's `read_chunk`, and WebSocket
+frames with the sans-I/O streaming.wire.session.Session, the same code the server's side of the
+wire uses.
 
 Leaves out: redirects, proxies' CONNECT, and HTTP keep-alive (each request asks `Connection: close`,
 so that the figures are those of one request on a fresh connection, as in the article).
@@ -29,10 +31,12 @@ from pathlib import Path
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
+from streaming import http_client
 from streaming.qoe import EXPECTED_TTFT, READING_RATE, qoe
 from streaming.wire import http11, sse
 from streaming.wire import websocket as websocket_frames
 from streaming.wire.errors import ProtocolError
+from streaming.wire.openai import read_chunk
 from streaming.wire.session import ABNORMAL, Closed, Session
 
 HOST, PORT = "127.0.0.1", 8765  # the defaults; every function takes host= and port=
@@ -63,41 +67,24 @@ class ServerError(Exception):
     """The server answered with an error status, an error event or an error message."""
 
 
-class Reply:
-    """One response as it arrives on a connection, through http11.ResponseReader (head, then a
+class Reply(http_client.Reply):
+    """One response as it arrives on a connection (streaming/http_client.py: head, then a
     Content-Length, chunked or until-close body: nginx sends a stream to an HTTP/1.1 client
-    chunked), counting every byte received, headers included."""
+    chunked), counting every byte received, headers included. A broken head is a ServerError; a
+    body cut short just ends (the caller sees what is missing)."""
 
-    def __init__(self, r):
-        self.r, self.parser, self.received = r, http11.ResponseReader(), 0
-
-    async def next(self):
-        while (event := self.parser.next_event()) is None:
-            chunk = await self.r.read(READ_SIZE)
-            self.received += len(chunk)
-            if chunk:
-                self.parser.feed(chunk)
-            else:
-                self.parser.feed_eof()
-        return event
-
-    async def head(self):
-        """The response's head: its status and headers."""
+    async def read_head(self):
         try:
-            return await self.next()
+            return await super().read_head()
         except ProtocolError as e:
             raise ServerError(e.message) from None
 
     async def chunks(self):
-        """The body's data as it arrives; a body cut short just ends (the caller sees what is missing)."""
         try:
-            while (event := await self.next()) is not http11.END:
-                yield event
+            async for data in super().chunks():
+                yield data
         except ProtocolError:
             return
-
-    async def body(self):
-        return b"".join([data async for data in self.chunks()])
 
 
 def json_post(path, host, body):
@@ -115,7 +102,7 @@ async def post(path, prompt, n, stop_after=None, host=None, port=None, seed=0, e
     w.write(json_post(path, host, body))
     try:
         reply = Reply(r)
-        head = await reply.head()
+        head = await reply.read_head()
         if path != "/stream":
             data = await reply.body()
             end = time.perf_counter() - t0
@@ -158,7 +145,7 @@ async def websocket(prompt, n, stop_after=None, host=None, port=None, seed=0, ex
     w.write(websocket_frames.client_handshake(host, key))
     try:
         reply = Reply(r)
-        head = await reply.head()
+        head = await reply.read_head()
         if head.status != 101 or head.headers.get("sec-websocket-accept") != websocket_frames.accept_key(key):
             raise ServerError(f"the WebSocket handshake failed: {head.status}")
         await reply.body()  # a 101 has none: what follows it is the first frames
@@ -217,11 +204,17 @@ def api_text(fmt, event):
     """The text a streamed event carries ('' for none); raises ServerError for an error event."""
     if event.data == "[DONE]":
         return None
+    if fmt == "openai":  # the wire layer's reading of a chunk (the upstream relay's too)
+        try:
+            chunk = read_chunk(event.data)
+        except ProtocolError as e:
+            raise ServerError(e.message) from None
+        if event.event == "error" or chunk.error is not None:
+            raise ServerError(f"error event: {event.data}")
+        return chunk.text
     value = json.loads(event.data)
-    if event.event == "error" or (fmt == "openai" and "error" in value):
+    if event.event == "error":
         raise ServerError(f"error event: {event.data}")
-    if fmt == "openai":
-        return "".join((c.get("delta") or {}).get("content") or "" for c in value.get("choices") or [])
     if value.get("type") == "content_block_delta":
         return value["delta"].get("text", "")
     return ""
@@ -246,7 +239,7 @@ async def api_post(fmt, prompt, n, url, stream=True, api_key=None, model=None, s
     w.write(http11.request_head("POST", path, u.netloc, fields) + body)
     try:
         reply = Reply(r)
-        head = await reply.head()
+        head = await reply.read_head()
         if head.status != 200 or not stream:
             data = await reply.body()
             if head.status != 200:
@@ -360,7 +353,7 @@ async def get_json(path, host=None, port=None):
     w.write(http11.request_head("GET", path, host, [("Connection", "close")]))
     try:
         reply = Reply(r)
-        await reply.head()
+        await reply.read_head()
         return json.loads(await reply.body())
     finally:
         w.close()
@@ -381,7 +374,7 @@ async def wait_ready(host=None, port=None, timeout=READY_WAIT):
             try:
                 w.write(http11.request_head("GET", "/ready", host, [("Connection", "close")]))
                 reply = Reply(r)
-                if (await reply.head()).status == 200:
+                if (await reply.read_head()).status == 200:
                     return
             finally:
                 w.close()

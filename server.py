@@ -12,7 +12,8 @@ OpenAI's and Anthropic's APIs.
 
 This file is the command line only: it parses the options into a `Config`, loads the model, and
 serves. The server itself is the `streaming` package (streaming/server/ for the endpoints,
-streaming/generation/ for the engines, streaming/wire/ for the formats on the wire).
+streaming/generation/ for the engines, streaming/model/ for the model, streaming/wire/ for the
+formats on the wire; the README's Layout lists every module).
 """
 
 import argparse
@@ -21,11 +22,10 @@ import sys
 import time
 
 import lm
-from streaming.generation.engine import MAX_BATCH, PREFILL_CHUNK
+from streaming.generation.backend import ENGINES
+from streaming.generation.batched import MAX_BATCH, PREFILL_CHUNK
 from streaming.generation.policy import PREFILL_BUDGET, SCHEDULES
-from streaming.generation.runner import ENGINES
-from streaming.generation.upstream import Upstream
-from streaming.server.app import serve
+from streaming.generation.upstream.pool import Upstream
 from streaming.server.config import (
     BACKLOG,
     BODY_MEMORY,
@@ -36,7 +36,8 @@ from streaming.server.config import (
     WRITE_TIMEOUT,
     Config,
 )
-from streaming.server.streams import GRACE_SECONDS, KEEP_COUNT, KEEP_SECONDS, ORPHANS
+from streaming.server.resumable.recordings import GRACE_SECONDS, KEEP_COUNT, KEEP_SECONDS, ORPHANS
+from streaming.server.serve import serve
 from streaming.wire.http11 import REQUEST_TIMEOUT
 
 
@@ -198,7 +199,7 @@ def main(argv=None):
         sys.exit(f"error: {e}")
     config = config_of(args)
     # --engine upstream runs no model here: the upstreams do
-    sys.exit(asyncio.run(serve(config, None if config.engine == "upstream" else load)))
+    sys.exit(asyncio.run(serve(config, lm.handle(), None if config.engine == "upstream" else load)))
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ import bench
 import client
 from streaming import qoe
 from streaming.launch import Server
+from streaming.model.bundled import bundled_folder
 
 LENGTHS = (50, 300)  # tokens an answer: uniform, as the issue asks
 SINGLE = 300  # tokens of the single-stream measurement
@@ -152,9 +153,7 @@ def ours(args, config, out, saved):
 
 
 def peer(args, out, saved):
-    import lm
-
-    folder = lm.bundled_folder() if args.model == "bundled" else args.model
+    folder = bundled_folder() if args.model == "bundled" else args.model
     try:
         p = bench.start_peer(folder, args.dtype)
     except (RuntimeError, TimeoutError, FileNotFoundError) as e:

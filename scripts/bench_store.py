@@ -28,7 +28,7 @@ from bench import cpu_seconds
 from streaming import reader
 from streaming.launch import Server
 from streaming.redisctl import Redis
-from streaming.server.shared import LEASE_MS, RENEW_SCRIPT
+from streaming.server.resumable.store import LEASE_MS, RENEW_SCRIPT
 
 ROUNDS = 5  # resumable streams per CPU measurement
 EVENTS = 2000  # events per stream there

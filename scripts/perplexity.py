@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 import lm  # noqa: E402
-from streaming.generation import quant  # noqa: E402
+from streaming.model import quant  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from streaming.wire.http11 import request_head
+
 ROOT = Path(__file__).resolve().parent.parent
 READY = "listening on http://"
 START_TIMEOUT = 900.0  # seconds: a first start converts the bundled model (minutes on a slow CPU)
@@ -44,7 +46,7 @@ def ready(port: int) -> bool:
     """Whether a server of ours on `port` says GET /ready 200 (its model is loaded)."""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-            s.sendall(b"GET /ready HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            s.sendall(request_head("GET", "/ready", "127.0.0.1", [("Connection", "close")]))
             return s.recv(12).startswith(b"HTTP/1.1 200")
     except OSError:
         return False

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from streaming.wire.http11 import END, ResponseReader
+from streaming.wire.http11 import END, ResponseReader, request_head
 from streaming.wire.sse import Event, EventParser
 
 RETRY = 0.2  # seconds before connecting again (EventSource waits the server's `retry:`, 1 s here)
@@ -89,11 +89,10 @@ def read(
     while dropped_at is None or time.monotonic() - dropped_at < patience:
         r.connections += 1
         at = port if r.connections == 1 else (resume or port)
-        head = f"GET {target} HTTP/1.1\r\nHost: {host}:{at}\r\nAccept: text/event-stream\r\n"
-        head += f"Last-Event-ID: {last}\r\n" if last else ""
+        fields = [("Accept", "text/event-stream"), *([("Last-Event-ID", last)] if last else [])]
         try:
             with socket.create_connection((host, at), timeout=READ_TIMEOUT) as s:
-                s.sendall(head.encode() + b"\r\n")
+                s.sendall(request_head("GET", target, f"{host}:{at}", fields))
                 status, last, dropped_at = follow(s, r, last, dropped_at, on_event)
         except OSError:
             status = 0

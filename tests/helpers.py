@@ -8,8 +8,11 @@ import json
 import socket
 import time
 
+import lm
 from streaming.launch import ROOT as ROOT
 from streaming.launch import Server
+from streaming.model.choice import Choice
+from streaming.model.loading import Model
 from streaming.wire import websocket as ws
 from streaming.wire.http11 import END, ResponseReader
 from streaming.wire.session import ABNORMAL, Closed, Session
@@ -23,6 +26,11 @@ class ServerProcess(Server):
     def __init__(self, *args, model="tiny"):
         super().__init__("server", "--model", model, "--port", "0", *args, env={"PYTHONASYNCIODEBUG": "1"}, stderr=True)
         self.args = args
+
+
+def model_of(net):
+    """A network of a test's own, as the engines receive a model (with the process's tokenizer)."""
+    return Model(Choice(device="cpu"), net=net, tokenizer=lm.load_tokenizer())
 
 
 def connect(port, timeout=30):

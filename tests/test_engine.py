@@ -1,4 +1,4 @@
-"""The step-batched engine (streaming/generation/engine.py) in process: joining and leaving
+"""The step-batched engine (streaming/generation/batched.py) in process: joining and leaving
 mid-batch, stop flags within one step, KV rows released, seeds giving the text of a request
 alone, chunked prefill, the queue beyond max_batch; and the server's --engine and /metrics.
 
@@ -16,11 +16,12 @@ import threading
 
 import pytest
 import torch
-from helpers import ServerProcess, http, metrics
+from helpers import ServerProcess, http, metrics, model_of
 
 import lm
-from streaming.generation.engine import MAX_BATCH, BatchedJob, Engine
+from streaming.generation.batched import MAX_BATCH, BatchedJob, BatchEngine
 from streaming.generation.thread import ThreadJob
+from streaming.model.testing import ExactModel, tiny_model
 from streaming.wire.params import GenerationParams, plain_request
 
 PROMPTS = [
@@ -47,7 +48,7 @@ def ids(i):
 
 
 def exact(dtype):
-    return lm.ExactModel(lm.load_tokenizer()).to(dtype)
+    return ExactModel(lm.load_tokenizer()).to(dtype)
 
 
 async def text(job, on_piece=None):
@@ -62,7 +63,7 @@ async def text(job, on_piece=None):
 
 
 async def alone_with_threads(net, n=20):
-    return [await text(ThreadJob(ids(i), params(i, n), model=net).start()) for i in range(len(PROMPTS))]
+    return [await text(ThreadJob(ids(i), params(i, n), model=model_of(net)).start()) for i in range(len(PROMPTS))]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -70,7 +71,7 @@ def test_alone_and_together_give_the_thread_engines_text(dtype):
     net = exact(dtype)
 
     async def run():
-        e = Engine(max_batch=8, prefill_chunk=8, model=net)
+        e = BatchEngine(max_batch=8, prefill_chunk=8, model=model_of(net))
         expected = await alone_with_threads(net)
         alone = [await text(BatchedJob(e, ids(i), params(i)).start()) for i in range(len(PROMPTS))]
         together = await asyncio.gather(*(text(BatchedJob(e, ids(i), params(i)).start()) for i in range(5)))
@@ -87,7 +88,7 @@ def test_requests_join_and_leave_mid_batch_and_the_cache_keeps_only_live_rows(dt
     net = exact(dtype)
 
     async def run():
-        e = Engine(max_batch=8, prefill_chunk=64, model=net)
+        e = BatchEngine(max_batch=8, prefill_chunk=64, model=model_of(net))
         expected = await alone_with_threads(net, 30)
         first = [BatchedJob(e, ids(i), params(i, 30)).start() for i in range(3)]
         started = asyncio.Event()
@@ -103,7 +104,7 @@ def test_requests_join_and_leave_mid_batch_and_the_cache_keeps_only_live_rows(dt
     assert e.rows == [] and e.kv.cache is None and e.kv.mask is None  # every finished row's KV is gone
 
 
-class Recording(Engine):
+class Recording(BatchEngine):
     """An engine that feeds every row the same fixed tokens and records each row's logits."""
 
     FEED = [100 + 37 * k for k in range(12)]
@@ -124,10 +125,10 @@ class Recording(Engine):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_a_rows_logits_in_a_batch_equal_its_logits_alone_within_the_tolerance(dtype):
-    net = lm.tiny_model(lm.load_tokenizer()).to(dtype).eval()
+    net = tiny_model(lm.load_tokenizer()).to(dtype).eval()
 
     async def run(together):
-        e = Recording(max_batch=8, prefill_chunk=8, model=net)
+        e = Recording(max_batch=8, prefill_chunk=8, model=model_of(net))
         jobs = []
         for i in range(len(PROMPTS)):  # each alone (the one before it has ended), or all in one batch
             jobs.append(BatchedJob(e, ids(i), GenerationParams(max_tokens=100)).start())
@@ -145,7 +146,7 @@ def test_a_rows_logits_in_a_batch_equal_its_logits_alone_within_the_tolerance(dt
 
 def test_a_stop_is_honoured_within_one_step_and_its_rows_leave_the_cache():
     async def run():
-        e = Engine(max_batch=8, token_delay=0.01)
+        e = BatchEngine(lm.handle(), max_batch=8, token_delay=0.01)
         jobs = [BatchedJob(e, ids(i), params(i, 2000)).start() for i in range(4)]
         seen = {}
 
@@ -174,7 +175,7 @@ def test_a_long_prompt_is_prefilled_in_chunks_while_the_others_keep_going():
     net = exact(torch.float32)
 
     async def run():
-        e = Engine(max_batch=8, prefill_chunk=4, token_delay=0.005, model=net)
+        e = BatchEngine(max_batch=8, prefill_chunk=4, token_delay=0.005, model=model_of(net))
         running = BatchedJob(e, ids(0), params(0, 400, greedy=True)).start()
         counts = []
         task = asyncio.ensure_future(text(running, counts.append))
@@ -187,7 +188,7 @@ def test_a_long_prompt_is_prefilled_in_chunks_while_the_others_keep_going():
         during = running.produced - before
         running.stop.set()
         await task
-        alone = await text(ThreadJob(long_ids, params(1, 3, greedy=True), model=net).start())
+        alone = await text(ThreadJob(long_ids, params(1, 3, greedy=True), model=model_of(net)).start())
         return during, len(long_ids), long_text, alone
 
     during, n, long_text, alone = asyncio.run(run())
@@ -200,7 +201,7 @@ def test_requests_beyond_max_batch_wait_their_turn(dtype):
     net = exact(dtype)
 
     async def run():
-        e = Engine(max_batch=2, token_delay=0.01, model=net)
+        e = BatchEngine(max_batch=2, token_delay=0.01, model=model_of(net))
         expected = await alone_with_threads(net, 10)
         jobs = [BatchedJob(e, ids(i), params(i, 10)).start() for i in range(5)]
         await asyncio.sleep(0.05)
@@ -215,7 +216,7 @@ def test_requests_beyond_max_batch_wait_their_turn(dtype):
 
 def test_a_failed_step_fails_its_requests_not_the_engine():
     async def run():
-        e = Engine(max_batch=4)
+        e = BatchEngine(lm.handle(), max_batch=4)
         job = BatchedJob(e, [10**7], params(0)).start()  # an id past the vocabulary: the step raises
         with pytest.raises(Exception):  # noqa: B017 - whatever torch raises for a bad index
             await text(job)

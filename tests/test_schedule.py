@@ -15,13 +15,16 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from helpers import ROOT, ServerProcess, http, metrics, stream_texts
+from helpers import ROOT, ServerProcess, http, metrics, model_of, stream_texts
 
 import lm
-from streaming.generation import kv, quant
-from streaming.generation.engine import BatchedJob, Engine, Row
+from streaming.generation import kv
+from streaming.generation.batched import BatchedJob, BatchEngine, Row
 from streaming.generation.policy import MAX_PREFILL, MAX_SKIP, Fifo, Qoe, prefill_group
 from streaming.generation.thread import ThreadJob
+from streaming.model import quant
+from streaming.model.loading import forward_kwargs
+from streaming.model.testing import ExactModel, tiny_model
 from streaming.wire.params import plain_request
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -136,7 +139,7 @@ class Clock:
 def stepped(net, policy, n_jobs, tokens=12):
     """An engine with no thread: n jobs queued, then step() by hand; the fake clock moves 0.2 s a step."""
     clock = Clock()
-    e = Engine(max_batch=16, model=net, policy=policy, clock=clock)
+    e = BatchEngine(max_batch=16, model=model_of(net), policy=policy, clock=clock)
     jobs = [BatchedJob(e, ids(i), params(i, tokens)) for i in range(n_jobs)]
     for job in jobs:
         job.stats.active.add(job)
@@ -147,14 +150,14 @@ def stepped(net, policy, n_jobs, tokens=12):
 
 def alone(net, n_jobs, tokens=12):
     async def run():
-        return [await drain(ThreadJob(ids(i), params(i, tokens), model=net).start()) for i in range(n_jobs)]
+        return [await drain(ThreadJob(ids(i), params(i, tokens), model=model_of(net)).start()) for i in range(n_jobs)]
 
     return asyncio.run(run())
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_a_burst_joins_in_one_step_within_the_budget_and_gives_each_its_text_alone(dtype):
-    net = lm.ExactModel(lm.load_tokenizer()).to(dtype)
+    net = ExactModel(lm.load_tokenizer()).to(dtype)
     lengths = [len(ids(i)) for i in range(8)]
 
     async def run(budget):
@@ -176,7 +179,7 @@ def test_a_burst_joins_in_one_step_within_the_budget_and_gives_each_its_text_alo
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_rows_that_sit_steps_out_keep_their_text_and_a_stop_holds_within_a_step(dtype):
-    net = lm.ExactModel(lm.load_tokenizer()).to(dtype)
+    net = ExactModel(lm.load_tokenizer()).to(dtype)
 
     async def run():
         e, jobs, clock = stepped(net, Qoe(min_batch=1), 6, tokens=30)
@@ -208,7 +211,7 @@ def test_rows_that_sit_steps_out_keep_their_text_and_a_stop_holds_within_a_step(
 
 def test_narrow_and_widen_leave_holes_that_the_mask_hides():
     b = kv.KVBatch("cpu")
-    cache = kv.new_cache(lm.ExactModel(lm.load_tokenizer()))
+    cache = kv.new_cache(ExactModel(lm.load_tokenizer()))
     keys = torch.arange(6, dtype=torch.float32).view(3, 1, 2, 1)
     cache.update(keys, keys.clone(), 0)
     b.join(cache, torch.ones(3, 2, dtype=torch.long))
@@ -224,11 +227,11 @@ def test_narrow_and_widen_leave_holes_that_the_mask_hides():
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_a_left_padded_prefill_gives_each_prompts_logits_alone_within_the_tolerance(dtype):
-    net = lm.tiny_model(lm.load_tokenizer()).to(dtype)
+    net = tiny_model(lm.load_tokenizer()).to(dtype)
     prompts = [ids(i) for i in range(5)]
     with torch.inference_mode():
-        _, _, together = kv.prefill(net, prompts, "cpu", lm.forward_kwargs)
-        each = [kv.prefill(net, [p], "cpu", lm.forward_kwargs)[2][0] for p in prompts]
+        _, _, together = kv.prefill(net, prompts, "cpu", forward_kwargs)
+        each = [kv.prefill(net, [p], "cpu", forward_kwargs)[2][0] for p in prompts]
     scale = max(float(x.abs().max()) for x in each)
     worst = max(float((together[i] - each[i]).abs().max()) for i in range(len(prompts)))
     assert worst <= {torch.float32: 1e-4, torch.bfloat16: 0.05}[dtype] * scale  # as test_engine's TOLERANCE
@@ -239,11 +242,11 @@ SHARED = "You are a careful assistant. You answer briefly and exactly, in plain 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_a_shared_beginning_is_prefilled_once_and_the_texts_stay_those_of_each_alone(dtype):
-    net = lm.ExactModel(lm.load_tokenizer()).to(dtype)
+    net = ExactModel(lm.load_tokenizer()).to(dtype)
     prompts = [lm.tok(SHARED + p).input_ids for p in PROMPTS]
 
     async def run():
-        e = Engine(max_batch=8, model=net, policy=Fifo(10_000), clock=Clock())
+        e = BatchEngine(max_batch=8, model=model_of(net), policy=Fifo(10_000), clock=Clock())
         jobs = [BatchedJob(e, p, params(i, 12)) for i, p in enumerate(prompts)]
         for job in jobs:
             job.stats.active.add(job)
@@ -255,7 +258,7 @@ def test_a_shared_beginning_is_prefilled_once_and_the_texts_stay_those_of_each_a
         return e, [await drain(j) for j in jobs]
 
     async def each_alone():
-        return [await drain(ThreadJob(p, params(i, 12), model=net).start()) for i, p in enumerate(prompts)]
+        return [await drain(ThreadJob(p, params(i, 12), model=model_of(net)).start()) for i, p in enumerate(prompts)]
 
     e, texts = asyncio.run(run())
     assert e.prefixes.hits == len(prompts) and len(e.prefixes.known) == 1
@@ -265,13 +268,13 @@ def test_a_shared_beginning_is_prefilled_once_and_the_texts_stay_those_of_each_a
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_a_prefill_after_a_kept_prefix_gives_the_logits_of_a_whole_one_within_the_tolerance(dtype):
-    net = lm.tiny_model(lm.load_tokenizer()).to(dtype)
+    net = tiny_model(lm.load_tokenizer()).to(dtype)
     prompts = [lm.tok(SHARED + p).input_ids for p in PROMPTS]
     with torch.inference_mode():
-        prefix = kv.Prefixes("cpu").find(net, prompts, lm.forward_kwargs)
+        prefix = kv.Prefixes("cpu").find(net, prompts, forward_kwargs)
         assert prefix is not None and prefix[0] >= kv.PREFIX_MIN
-        _, mask, after = kv.prefill(net, prompts, "cpu", lm.forward_kwargs, prefix)
-        whole = [kv.prefill(net, [p], "cpu", lm.forward_kwargs)[2][0] for p in prompts]
+        _, mask, after = kv.prefill(net, prompts, "cpu", forward_kwargs, prefix)
+        whole = [kv.prefill(net, [p], "cpu", forward_kwargs)[2][0] for p in prompts]
     assert mask.shape == (len(prompts), max(len(p) for p in prompts))
     scale = max(float(x.abs().max()) for x in whole)
     worst = max(float((after[i] - whole[i]).abs().max()) for i in range(len(prompts)))
@@ -283,11 +286,11 @@ def test_a_prefill_after_a_kept_prefix_gives_the_logits_of_a_whole_one_within_th
 
 @pytest.mark.parametrize("mode", ["int8", "int4"])
 def test_a_quantized_request_in_the_engine_gives_its_own_unbatched_runs_tokens(mode):
-    net = quant.quantize(lm.tiny_model(lm.load_tokenizer()).to(torch.float32), mode)
+    net = quant.quantize(tiny_model(lm.load_tokenizer()).to(torch.float32), mode)
     assert any(isinstance(m, quant.QuantLinear) for m in net.modules())
 
     async def run():
-        e = Engine(max_batch=4, model=net)
+        e = BatchEngine(max_batch=4, model=model_of(net))
         together = [await drain(BatchedJob(e, ids(i), params(i, 20)).start()) for i in range(3)]
         return together
 

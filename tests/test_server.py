@@ -298,16 +298,20 @@ def test_a_client_that_stops_reading_is_dropped_after_the_write_timeout():
     be made small: otherwise loopback buffers absorb megabytes before a write blocks."""
     import asyncio
 
+    import lm
     import server
-    from streaming.server.app import Server
+    from streaming.server.protocol import HttpProtocol
+    from streaming.server.serve import build
 
     args = server.parse_args(["--model", "tiny", "--port", "0", "--write-timeout", "0.5"])
-    srv = Server(server.config_of(args))
+    lm.model()  # loaded, as serve() loads it before the first answer
+    ctx = build(server.config_of(args), lm.handle())
+    protocol = HttpProtocol(ctx)
 
     async def handle(reader, writer):
         writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
         writer.transport.set_write_buffer_limits(high=4096)
-        await srv.handle(reader, writer)
+        await protocol.handle(reader, writer)
 
     async def main():
         listener = await asyncio.start_server(handle, "127.0.0.1", 0)
@@ -323,13 +327,13 @@ def test_a_client_that_stops_reading_is_dropped_after_the_write_timeout():
             + body
         )
         for _ in range(1200):  # at most 60 s
-            if srv.log:
+            if ctx.answers.log:
                 break
             await asyncio.sleep(0.05)
         c.close()
         listener.close()
         await listener.wait_closed()
-        return srv.log
+        return ctx.answers.log
 
     log = asyncio.run(main())
     assert log and log[0][0] == "/stream" and log[0][2] is True

@@ -174,9 +174,10 @@ def test_retry_before_the_first_byte_and_an_upstream_taken_out_and_probed_back(u
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory):
     import lm
+    from streaming.model.testing import tiny_model
 
     folder = tmp_path_factory.mktemp("tiny-model")
-    lm.tiny_model(lm.tok).save_pretrained(folder)
+    tiny_model(lm.tok).save_pretrained(folder)
     lm.tok.save_pretrained(folder)
     return folder
 

@@ -1,6 +1,6 @@
 """A request's prompt: plain text or a conversation (`Prompt`), and as token ids, plain text or
 through the chat template, checked to fit the model's context with the answer it asks for. A
-local engine reads the ids; an upstream engine (upstream.py) sends the conversation."""
+local engine reads the ids; an upstream engine (upstream/) sends the conversation."""
 
 from __future__ import annotations
 
@@ -8,22 +8,24 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-import lm
+from streaming.model.loading import Model
 from streaming.wire.errors import InvalidRequest
 from streaming.wire.params import GenerationParams
 
 
-def encode_prompt(prompt: str, params: GenerationParams) -> list[int]:
+def encode_prompt(model: Model, prompt: str, params: GenerationParams) -> list[int]:
     """Token ids of the prompt; InvalidRequest if prompt and answer cannot fit the context."""
-    return check_context(lm.tok(prompt).input_ids, params)
+    return check_context(model, model.tokenizer(prompt).input_ids, params)
 
 
-def encode_chat(messages: list[dict[str, str]], params: GenerationParams, continue_final: bool = False) -> list[int]:
+def encode_chat(
+    model: Model, messages: list[dict[str, str]], params: GenerationParams, continue_final: bool = False
+) -> list[int]:
     """Token ids of a conversation through the model's chat template, ready for the answer (or,
     `continue_final`, going on with its last message, an assistant's)."""
     how: dict[str, Any] = {"continue_final_message": True} if continue_final else {"add_generation_prompt": True}
-    text = lm.tok.apply_chat_template(messages, tokenize=False, **how)
-    return check_context(lm.tok(text, add_special_tokens=False).input_ids, params)
+    text = model.tokenizer.apply_chat_template(messages, tokenize=False, **how)
+    return check_context(model, model.tokenizer(text, add_special_tokens=False).input_ids, params)
 
 
 @dataclass(frozen=True)
@@ -34,11 +36,11 @@ class Prompt:
     messages: tuple[dict[str, str], ...] = ()
     continue_final: bool = False
 
-    def encode(self, params: GenerationParams) -> list[int]:
+    def encode(self, model: Model, params: GenerationParams) -> list[int]:
         if self.messages:
-            return encode_chat(list(self.messages), params, self.continue_final)
+            return encode_chat(model, list(self.messages), params, self.continue_final)
         assert self.text is not None
-        return encode_prompt(self.text, params)
+        return encode_prompt(model, self.text, params)
 
     def chat(self) -> list[dict[str, str]]:
         """As a conversation, for an upstream's Chat Completions: plain text is a user's message."""
@@ -53,8 +55,8 @@ class Prompt:
         return cls(value["text"], tuple(value["messages"]), value["continue_final"])
 
 
-def check_context(ids: list[int], params: GenerationParams) -> list[int]:
-    context = getattr(lm.model().config, "max_position_embeddings", None)
+def check_context(model: Model, ids: list[int], params: GenerationParams) -> list[int]:
+    context = model.context()
     if context and len(ids) + params.max_tokens > context:
         raise InvalidRequest(
             f"prompt of {len(ids)} tokens plus max_tokens {params.max_tokens} exceeds the context of {context}",

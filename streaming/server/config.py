@@ -1,17 +1,18 @@
 """Every setting of a server, as one frozen value made from the command line (server.py).
 
 Leaves out the model's settings (--model, --device, --dtype, --quantize), which lm.configure
-takes, since the scripts that load a model without a server take them too.
+takes (streaming/model/choice.py), since the scripts that load a model without a server take
+them too.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from streaming.generation.engine import MAX_BATCH, PREFILL_CHUNK
-from streaming.generation.job import Settings
+from streaming.generation.batched import MAX_BATCH, PREFILL_CHUNK
+from streaming.generation.job import JobOptions
 from streaming.generation.policy import PREFILL_BUDGET
-from streaming.server.streams import GRACE_SECONDS, KEEP_COUNT, KEEP_SECONDS, ORPHANS
+from streaming.server.resumable.recordings import GRACE_SECONDS, KEEP_COUNT, KEEP_SECONDS, ORPHANS
 from streaming.wire.http11 import REQUEST_TIMEOUT
 
 WRITE_TIMEOUT = 30.0  # seconds a write may wait for a reader before it is dropped
@@ -28,7 +29,7 @@ class Config:
     host: str = "127.0.0.1"
     port: int = 8765  # 0 picks a free port (printed)
     naive: bool = False  # the article's naive server: never notices a reader leaving
-    engine: str = "batched"  # batched, thread or free (streaming.generation.runner)
+    engine: str = "batched"  # batched, thread, free or upstream (streaming.generation.backend.ENGINES)
     max_batch: int = MAX_BATCH
     prefill_chunk: int = PREFILL_CHUNK
     prefill_budget: int = PREFILL_BUDGET
@@ -57,11 +58,12 @@ class Config:
     upstream: tuple[str, ...] = ()  # --engine upstream: OpenAI-compatible base URLs (http://host:8000/v1)
     upstream_key: str | None = None  # sent as `Authorization: Bearer` to the upstreams
     upstream_model: str | None = None  # the model to ask them for (default: the first they list)
-    store: str = "memory"  # or redis://HOST:PORT/DB: resumable streams shared by replicas (shared.py)
+    store: str = "memory"  # or redis://HOST:PORT/DB: resumable streams shared by replicas (resumable/store.py)
 
     @property
-    def shared(self) -> bool:
+    def replicated(self) -> bool:
+        """Resumable streams are shared with other replicas (through Redis)."""
         return self.store != "memory"
 
-    def job_settings(self) -> Settings:
-        return Settings(self.queue, self.token_delay, self.fail_after, self.first_delay)
+    def job_options(self) -> JobOptions:
+        return JobOptions(self.queue, self.token_delay, self.fail_after, self.first_delay)

@@ -11,7 +11,6 @@ Leaves out: per-model labels (one model a server) and the engine's internals.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -70,20 +69,30 @@ class Metrics:
         )
         Gauge("streaming_connections_open", "Open client connections", registry=r).set_function(connections)
 
-    def ended(self, endpoint: str, job: Any, outcome: str, whole: bool = False) -> None:
-        """One request's figures, when it is logged. The QoE is the server's estimate: a piece is
-        a token, sent when it reached the loop (a whole answer: all of it at its last piece)."""
-        if job.first_at is not None:
-            self.ttft.labels(endpoint).observe(job.first_at - job.created)
-            self.answer.labels(endpoint).observe(job.last_at - job.created)
-            pieces = [(t, 1) for t in job.arrivals] if not whole else [(job.arrivals[-1], len(job.arrivals))]
+    def ended(
+        self,
+        endpoint: str,
+        outcome: str,
+        arrivals: list[float],
+        whole: bool,
+        prompt_tokens: int,
+        answer_tokens: int,
+        after_stop: int,
+    ) -> None:
+        """One answer's figures, when it is logged: `arrivals`, when each piece reached the loop
+        (seconds since the request). The QoE is the server's estimate: a piece is a token, sent when
+        it reached the loop (`whole`, an answer sent at once: all of it at its last piece)."""
+        if arrivals:
+            self.ttft.labels(endpoint).observe(arrivals[0])
+            self.answer.labels(endpoint).observe(arrivals[-1])
+            pieces = [(t, 1.0) for t in arrivals] if not whole else [(arrivals[-1], float(len(arrivals)))]
             if outcome == "finished":  # a reader who left or stopped has no experience to rate
                 self.qoe.labels(endpoint).observe(qoe(pieces))
-        self.prompt_tokens.observe(job.prompt_tokens)
-        self.answer_tokens.observe(job.produced)
+        self.prompt_tokens.observe(prompt_tokens)
+        self.answer_tokens.observe(answer_tokens)
         self.requests.labels(endpoint, outcome).inc()
-        if job.stop.at is not None:
-            self.after_stop.inc(max(0, job.produced - job.stop.at))
+        if after_stop:
+            self.after_stop.inc(after_stop)
 
     def text(self) -> bytes:
         return generate_latest(self.registry)

@@ -5,14 +5,14 @@ request, and it answers a `Request` or None ("need more data"); what follows the
 `trailing`. It parses the request line and headers (RFC 9112 §2-5), reads a Content-Length body
 (§6.3), and raises `ProtocolError` with the status a client should get: 400 malformed, 411 for
 Transfer-Encoding, 413 too large, 431 headers too large, 505 another HTTP version.
-`head()` writes every response head (and `request_head()` every request head the clients send);
-`response()` a whole response. The client side mirrors it: `ResponseReader` takes a response's
-bytes and returns its head, then its body's data, framed by Content-Length, chunked transfer
-coding (`ChunkedDecoder`) or the end of the connection, then `END`.
+`head()` writes every response head and `response()` a whole response, each saying whether the
+connection stays open (the caller decides: the server's exchange.py keeps a connection open after
+a response with a length; what follows a request in the parser's `trailing` is the next,
+pipelined); `request_head()` writes a request's. The client side mirrors it: `ResponseReader`
+takes a response's bytes and returns its head, then its body's data, framed by Content-Length,
+chunked transfer coding (`ChunkedDecoder`) or the end of the connection, then `END`.
 
-No I/O here: the server and the clients read and write. `response()` says `Connection: close`;
-the server's connection turns it into keep-alive where it keeps the connection open (what
-follows a request in the parser's `trailing` is the next, pipelined). Leaves out: chunked
+No I/O here: the server and the clients read and write. Leaves out: chunked
 request bodies (411 asks for a Content-Length instead), absolute-form targets and obsolete line
 folding (both 400).
 """
@@ -178,14 +178,19 @@ def parse_head(head: bytes, max_body: int = MAX_BODY) -> Request:
     )
 
 
-def head(status: int, headers: Iterable[tuple[str, str]] = ()) -> bytes:
-    """A response's status line and header fields, ended by the blank line (RFC 9112 §4, §5)."""
+def head(status: int, headers: Iterable[tuple[str, str]] = (), keep_alive: bool | None = None) -> bytes:
+    """A response's status line and header fields, ended by the blank line (RFC 9112 §4, §5).
+    `keep_alive` says what becomes of the connection after it: True `Connection: keep-alive`,
+    False `Connection: close`, None neither (a 101 names its own: Upgrade)."""
     lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}", *(f"{k}: {v}" for k, v in headers)]
+    if keep_alive is not None:
+        lines.append(f"Connection: {'keep-alive' if keep_alive else 'close'}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
 def request_head(method: str, target: str, host: str, headers: Iterable[tuple[str, str]] = ()) -> bytes:
-    """A request's line and header fields, as the clients send them (RFC 9112 §3)."""
+    """A request's line and header fields (RFC 9112 §3): every request head the clients here
+    send (streaming/http_client.py, client.py, and websocket.client_handshake's upgrade)."""
     lines = [f"{method} {target} HTTP/1.1", f"Host: {host}", *(f"{k}: {v}" for k, v in headers)]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
@@ -195,17 +200,18 @@ def response(
     body: bytes = b"",
     content_type: str | None = "application/json",
     headers: Iterable[tuple[str, str]] = (),
+    keep_alive: bool = False,
 ) -> bytes:
-    """A whole response that closes the connection (no keep-alive, as the article's server)."""
+    """A whole response, its body framed by its length, so the connection may stay open
+    (`keep_alive`, decided by the server's exchange) or close (the default, as the article's)."""
     fields = [("Content-Type", content_type)] if content_type else []
     if status != 204:  # a 204 has no body and must not say how long it is (RFC 9110 §8.6)
         fields.append(("Content-Length", str(len(body))))
-    fields.append(("Connection", "close"))
-    return head(status, [*fields, *headers]) + body
+    return head(status, [*fields, *headers], keep_alive) + body
 
 
-def json_response(status: int, value: Any, headers: Iterable[tuple[str, str]] = ()) -> bytes:
-    return response(status, json.dumps(value).encode(), headers=headers)
+def json_response(status: int, value: Any, headers: Iterable[tuple[str, str]] = (), keep_alive: bool = False) -> bytes:
+    return response(status, json.dumps(value).encode(), headers=headers, keep_alive=keep_alive)
 
 
 MAX_CHUNK_LINE = 4096  # a chunk-size line with extensions, or a trailer line: past it the peer is broken

@@ -2,7 +2,9 @@
 
 The shapes of the chat.completion and chat.completion.chunk objects, with `data: [DONE]` at the
 end, `stream_options.include_usage`, and the random `obfuscation` padding current chunks carry.
-Errors are {"error": {"message", "type", "param", "code"}}. Leaves out what apis.py says.
+Errors are {"error": {"message", "type", "param", "code"}}. `read_chunk` is the reading side:
+what a client of such a stream (the upstream relay, client.py) takes from each chunk. Leaves out
+what apis.py says.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import json
 import secrets
 import string
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from streaming.wire import sse
 from streaming.wire.apis import ApiRequest, Finish, kind_of, stops
@@ -165,3 +167,40 @@ class OpenAIStream:
         """A failure after the 200: a data event with an `error` member, which the SDK raises."""
         body = {"error": {"message": message, "type": "server_error", "param": None, "code": None}}
         return sse.event(json.dumps(body))
+
+
+# --- reading a stream: what the relay (--engine upstream) and client.py take from each chunk ---
+
+
+class Chunk(NamedTuple):
+    """What one chat.completion.chunk says to whoever reads the stream."""
+
+    text: str  # its delta.content, all choices together ('' for none)
+    finish: str | None = None  # a choice's finish_reason ("stop", "length", ...), if one ended
+    usage: dict[str, Any] | None = None  # the usage chunk's counts (stream_options.include_usage)
+    error: str | None = None  # an error event's message: the answer failed mid-stream
+
+
+def read_chunk(data: str) -> Chunk:
+    """One stream event's data as a Chunk; ProtocolError(502) for one that is not a JSON object
+    (`[DONE]` is the caller's: it ends the stream)."""
+    try:
+        value = json.loads(data)
+    except ValueError:
+        raise ProtocolError(f"an event that is not JSON: {data[:80]!r}", 502) from None
+    if not isinstance(value, dict):
+        raise ProtocolError("an event that is not a JSON object", 502)
+    if "error" in value:
+        err = value["error"]
+        return Chunk("", error=str(err.get("message", err) if isinstance(err, dict) else err))
+    texts, finish = [], None
+    for choice in value.get("choices") or []:
+        if not isinstance(choice, dict):
+            continue
+        delta = choice.get("delta")
+        text = delta.get("content") if isinstance(delta, dict) else None
+        if isinstance(text, str):
+            texts.append(text)
+        finish = choice.get("finish_reason") or finish
+    usage = value.get("usage")
+    return Chunk("".join(texts), finish, usage if isinstance(usage, dict) else None)

@@ -22,8 +22,7 @@ RESPONSE_FIELDS = [
     ("Content-Type", "text/event-stream"),
     ("Cache-Control", "no-cache"),
     ("X-Accel-Buffering", "no"),
-    ("Connection", "close"),
-]
+]  # (and `Connection: close`, which head() writes: a stream's body ends with its connection)
 
 
 def event(data: str, event: str | None = None, id: str | None = None) -> bytes:

@@ -10,20 +10,24 @@ rest, from the same generation: no token is generated twice.
 The record outlives its readers for a while: generation goes on for `grace` seconds after the last
 reader left (then it stops, as for any reader who left), and an ended stream is kept for `keep`
 seconds, at most `count` of them. At most `orphans` live streams may have no reader: past that
-the oldest stops at once, and the engine admits streams with a reader before those without. An id we never issued, or one forgotten, is unknown: the server
-answers 204, which tells EventSource to stop reconnecting, never a silent new generation.
+the oldest stops at once, and the engine admits streams with a reader before those without. An
+id we never issued, or one forgotten, is unknown: the server answers 204, which tells EventSource
+to stop reconnecting, never a silent new generation.
 
-No I/O here: the server's tasks (resumable.py) append events and read them. With --store memory
-a restart forgets every stream; with --store redis:// (shared.py) every event is also written to
-Redis, and a recording may be a *view*: a stream another replica generates (job None), filled
-from Redis, which this replica may take over (then it gets a job and grows as its own).
+No I/O here: the pump (pump.py) appends events, the endpoints read them. A recording may also be
+a *view*: a stream another replica generates (job None), filled from Redis (takeover.py), which
+this replica may take over (`adopt`: then it has a job and grows as its own).
 """
+
+from __future__ import annotations
 
 import asyncio
 import secrets
 import time
 from collections import OrderedDict
+from collections.abc import Iterable
 
+from streaming.generation.job import Job
 from streaming.wire import sse
 
 KEEP_COUNT = 256  # ended streams kept; 256 answers of 4096 tokens are ~4 MB of text at most
@@ -33,12 +37,12 @@ ORPHANS = 16  # live streams without a reader: past it the oldest stops now, not
 RETRY_MS = 1000  # sent as `retry:`: how soon EventSource reconnects after a drop
 
 
-def new_id():
+def new_id() -> str:
     """72 random bits: the id is also what lets a client read or stop the stream, so unguessable."""
     return secrets.token_urlsafe(9)
 
 
-def parse_event_id(value):
+def parse_event_id(value: str) -> tuple[str, int] | None:
     """(stream id, event number) from 'S.k', or None if it is not one of ours."""
     stream, dot, number = value.strip().rpartition(".")
     if not dot or not stream or not number.isdigit() or len(number) > 9:
@@ -49,20 +53,20 @@ def parse_event_id(value):
 class Recording:
     """One resumable stream: its numbered events, whether it ended, and who is reading it."""
 
-    def __init__(self, stream_id, job):
+    def __init__(self, stream_id: str, job: Job | None) -> None:
         self.id, self.job = stream_id, job  # job None: a view of a stream generated elsewhere
-        self.events = []  # encoded SSE events; events[k] carries `id: {self.id}.{k}`
-        self.tokens = []  # tokens[k]: the token ids event k's text came from (a view's too)
+        self.events: list[bytes] = []  # encoded SSE events; events[k] carries `id: {self.id}.{k}`
+        self.tokens: list[tuple[int, ...]] = []  # tokens[k]: the token ids event k's text came from
         self.last = False  # the last event is in `events` (it may not be written to Redis yet)
-        self.ended_at = None  # time.monotonic() of the last event
+        self.ended_at: float | None = None  # time.monotonic() of the last event
         self.grew = asyncio.Event()  # set (and replaced) whenever an event is added
         self.readers = 0
-        self.grace = None  # the timer that stops generation when nobody came back
+        self.grace: asyncio.TimerHandle | None = None  # stops generation when nobody came back
 
-    def add(self, data, event=None, ids=(), last=False):
+    def add(self, data: str, event: str | None = None, ids: Iterable[int] = (), last: bool = False) -> None:
         self.append(sse.event(data, event=event, id=f"{self.id}.{len(self.events)}"), ids, last)
 
-    def append(self, encoded, ids=(), last=False):
+    def append(self, encoded: bytes, ids: Iterable[int] = (), last: bool = False) -> None:
         """An event as encoded (a view copies them from Redis)."""
         self.events.append(encoded)
         self.tokens.append(tuple(ids))
@@ -70,22 +74,27 @@ class Recording:
         self.grew.set()
         self.grew = asyncio.Event()
 
-    def end(self):
+    def end(self) -> None:
         self.ended_at = time.monotonic()
         self.grew.set()
         if self.grace is not None:
             self.grace.cancel()
 
     @property
-    def ended(self):
+    def ended(self) -> bool:
         return self.ended_at is not None
 
     @property
-    def answer(self):
+    def answer(self) -> list[int]:
         """The token ids of the answer so far, as its events carry them."""
         return [t for ids in self.tokens for t in ids]
 
-    def attach(self):
+    def adopt(self, job: Job) -> None:
+        """A view becomes this replica's own stream: it generates the rest (takeover.py)."""
+        self.job = job
+        job.orphaned = self.readers == 0
+
+    def attach(self) -> None:
         self.readers += 1
         if self.job is not None:
             self.job.orphaned = False
@@ -93,8 +102,8 @@ class Recording:
             self.grace.cancel()
             self.grace = None
 
-    def read_elsewhere(self, grace):
-        """A reader follows this stream on another replica (shared.py says so every second):
+    def read_elsewhere(self, grace: float) -> None:
+        """A reader follows this stream on another replica (control.py says so every second):
         not orphaned, and the grace period counts from now."""
         if self.job is None or self.ended:
             return
@@ -103,7 +112,7 @@ class Recording:
             self.grace.cancel()
             self.grace = asyncio.get_running_loop().call_later(grace, self.job.stop.set)
 
-    def detach(self, grace):
+    def detach(self, grace: float | None) -> None:
         """A reader left. If it was the last and the stream is live, stop generating after `grace`
         seconds unless a reader comes back (None: never stop, the naive server)."""
         self.readers -= 1
@@ -114,42 +123,59 @@ class Recording:
             self.grace = asyncio.get_running_loop().call_later(grace, self.job.stop.set)
 
 
-class Store:
+class Recordings:
     """The recordings by stream id, bounded in count and age (only ended ones are dropped: a live
-    stream is bounded by its generation)."""
+    stream is bounded by its generation). Nobody else touches the dict: these are its methods."""
 
-    def __init__(self, count=KEEP_COUNT, seconds=KEEP_SECONDS, orphans=ORPHANS):
+    def __init__(self, count: int = KEEP_COUNT, seconds: float = KEEP_SECONDS, orphans: int = ORPHANS) -> None:
         self.count, self.seconds, self.orphans = count, seconds, orphans
-        self.streams = OrderedDict()
+        self._by_id: OrderedDict[str, Recording] = OrderedDict()
 
-    def create(self, job):
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def __contains__(self, stream_id: str) -> bool:
+        return stream_id in self._by_id
+
+    def create(self, job: Job) -> Recording:
         self.purge()
-        stream_id = new_id()
-        rec = self.streams[stream_id] = Recording(stream_id, job)
+        rec = Recording(new_id(), job)
+        self._by_id[rec.id] = rec
         return rec
 
-    def find(self, event_id):
+    def get(self, stream_id: str) -> Recording | None:
+        return self._by_id.get(stream_id)
+
+    def add_view(self, rec: Recording) -> None:
+        """A view of a stream another replica generates (takeover.py)."""
+        self._by_id[rec.id] = rec
+
+    def drop(self, stream_id: str) -> None:
+        self._by_id.pop(stream_id, None)
+
+    def find(self, event_id: str) -> tuple[Recording, int] | None:
         """(recording, k) for a Last-Event-ID we can resume after, or None: unknown, forgotten,
         or naming the stream's last event (nothing follows it)."""
         self.purge()
         parsed = parse_event_id(event_id)
-        if parsed is None or (rec := self.streams.get(parsed[0])) is None:
+        if parsed is None or (rec := self._by_id.get(parsed[0])) is None:
             return None
         k = parsed[1]
         if k >= len(rec.events) or (rec.ended and k == len(rec.events) - 1):
             return None
         return rec, k
 
-    def limit_orphans(self):
+    def limit_orphans(self) -> None:
         """Stop the oldest live streams that nobody reads, past `orphans` of them: a burst of
         abandoned streams must not delay the streams people are reading."""
-        live = [rec for rec in self.streams.values() if not rec.ended and rec.readers == 0 and rec.job is not None]
+        live = [r for r in self._by_id.values() if not r.ended and r.readers == 0 and r.job is not None]
         for rec in live[: max(0, len(live) - self.orphans)]:
+            assert rec.job is not None
             rec.job.stop.set()
 
-    def purge(self, now=None):
+    def purge(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
-        ended = [s for s, rec in self.streams.items() if rec.ended]
-        for i, s in enumerate(ended):
-            if i < len(ended) - self.count or now - self.streams[s].ended_at > self.seconds:
-                del self.streams[s]
+        ended = [(s, rec.ended_at) for s, rec in self._by_id.items() if rec.ended_at is not None]
+        for i, (s, at) in enumerate(ended):
+            if i < len(ended) - self.count or now - at > self.seconds:
+                del self._by_id[s]

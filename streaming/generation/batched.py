@@ -18,7 +18,7 @@ one), then one forward pass for the prompts that join. Between steps:
 - at most `max_batch` requests are active; the rest wait in order (the server sends them
   keep-alive pings meanwhile), those with a reader before readerless resumable streams.
 
-Each row samples with its own seeded generator, temperature and top_p (decoding.choose_batch),
+Each row samples with its own seeded draws, temperature and top_p (sampling.choose_batch),
 and its tokens go through its job's per-token routine (job.py: its own detokenizer, its own
 queue). Alone, a request gives the same tokens as with the thread engine; in a batch, its logits
 can differ in the last bits (padding changes the shapes of the arithmetic), so a sampled text may
@@ -39,11 +39,11 @@ from typing import Any
 
 import torch
 
-import lm
-from decoding import Draws, choose_batch
 from streaming.generation import kv
 from streaming.generation.job import Job
 from streaming.generation.policy import PREFILL_BUDGET, Fifo, Qoe, prefill_group
+from streaming.generation.sampling import Draws, choose_batch
+from streaming.model.loading import Model, forward_kwargs
 
 MAX_BATCH = 64  # active requests per step: past it they wait. 64 rows of 4k tokens is ~6 GB of KV in float32
 PREFILL_CHUNK = (
@@ -64,7 +64,7 @@ class Row:
         self.filled = 0  # prompt tokens prefilled so far
         self.length = 0  # tokens in its KV cache: the position of the next input
         self.next: int | None = None  # the token to feed at the next step
-        self.not_before = now + job.settings.first_delay  # testing: --first-delay
+        self.not_before = now + job.options.first_delay  # testing: --first-delay
         self.created = self.last_at = now
         self.done = False
 
@@ -77,25 +77,26 @@ class Row:
         return self.job.orphaned
 
 
-class Engine:
+class BatchEngine:
     def __init__(
         self,
+        model: Model,
         max_batch: int = MAX_BATCH,
         prefill_chunk: int = PREFILL_CHUNK,
         token_delay: float = 0.0,
-        model: Any = None,
         policy: Fifo | Qoe | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_batch, self.chunk, self.token_delay = max_batch, prefill_chunk, token_delay
-        self.model = model  # None: lm.model(), the process's model
+        self.model = model  # its network is loaded on the first step (the server listens first)
+        self.device = model.device
         self.policy = policy or Fifo(PREFILL_BUDGET)
         self.clock = clock
         self.waiting: collections.deque[Row] = collections.deque()  # not yet admitted (from the event loop)
         self.joining: collections.deque[Row] = collections.deque()  # admitted, prompt being prefilled
         self.rows: list[Row] = []  # in the batch, one per row of `kv`
-        self.kv = kv.KVBatch(lm.DEVICE)
-        self.prefixes = kv.Prefixes(lm.DEVICE)
+        self.kv = kv.KVBatch(self.device)
+        self.prefixes = kv.Prefixes(self.device)
         self.lock = threading.Condition()
         self.steps = self.tokens = self.skipped = 0
         self.step_seconds = 0.0
@@ -111,7 +112,7 @@ class Engine:
                 self.thread.start()
             self.lock.notify()
 
-    def metrics(self):
+    def metrics(self) -> dict[str, Any]:
         with self.lock:
             return {
                 "engine": "batched",
@@ -146,7 +147,7 @@ class Engine:
             except Exception as e:  # noqa: BLE001 - a failed step fails its requests, not the engine
                 for row in list(self.rows) + list(self.joining):
                     self.end(row, error=e)
-                self.rows, self.kv = [], kv.KVBatch(lm.DEVICE)
+                self.rows, self.kv = [], kv.KVBatch(self.device)
                 self.joining.clear()
 
     def step(self) -> None:
@@ -162,13 +163,13 @@ class Engine:
     def take_waiting(self) -> None:
         """Admit waiting rows while the batch has room (under the lock)."""
         while len(self.rows) + len(self.joining) < self.max_batch and (row := self.admit()):
-            row.job.begin()
+            row.job.begin(self.model)
             self.joining.append(row)
 
-    def ready(self):
+    def ready(self) -> bool:
         return any(r.not_before <= self.clock() for r in self.waiting)
 
-    def admit(self):
+    def admit(self) -> Row | None:
         """The next waiting row whose time has come, in order, those with a reader first."""
         now = self.clock()
         ready = [r for r in self.waiting if r.not_before <= now]
@@ -178,7 +179,7 @@ class Engine:
         self.waiting.remove(row)
         return row
 
-    def drop_stopped(self):
+    def drop_stopped(self) -> None:
         """The once-per-step check of every stop flag (a waiting row's too: it leaves its place)."""
         with self.lock:
             gone = [row for row in self.waiting if row.job.stop.is_set()]
@@ -199,14 +200,14 @@ class Engine:
     def prefill(self, budget: int) -> None:
         """The joining prompts that fit `budget` tokens, in one forward pass; or one chunk of a
         long prompt. A prompt whose last token is in gets its first token and joins the batch."""
-        m = self.model if self.model is not None else lm.model()
+        m, device = self.model.net, self.device
         first = self.joining[0]
         if first.filled or len(first.ids) > self.chunk:
             if first.cache is None:
                 first.cache = kv.new_cache(m)
             part = first.ids[first.filled : first.filled + self.chunk]
-            x = torch.tensor([part], device=lm.DEVICE)
-            logits = m(input_ids=x, use_cache=True, **lm.forward_kwargs(m, first.cache)).logits[:, -1]
+            x = torch.tensor([part], device=device)
+            logits = m(input_ids=x, use_cache=True, **forward_kwargs(m, first.cache)).logits[:, -1]
             first.filled += len(part)
             if first.filled == len(first.ids):
                 self.joined([first], first.cache, None, logits)
@@ -214,8 +215,8 @@ class Engine:
         n = prefill_group([len(r.ids) for r in self.joining], budget, self.chunk)  # none is partly filled
         group = [self.joining[i] for i in range(n)]  # they leave `joining` once prefilled (a failed step ends them)
         prompts = [r.ids for r in group]
-        prefix = self.prefixes.find(m, prompts, lm.forward_kwargs)
-        cache, mask, logits = kv.prefill(m, prompts, lm.DEVICE, lm.forward_kwargs, prefix)
+        prefix = self.prefixes.find(m, prompts, forward_kwargs)
+        cache, mask, logits = kv.prefill(m, prompts, device, forward_kwargs, prefix)
         self.joined(group, cache, mask, logits)
 
     def joined(self, group: list[Row], cache: Any, mask: Any, logits: Any) -> None:
@@ -225,8 +226,9 @@ class Engine:
             r.length = r.filled = len(r.ids)
             r.cache = None
         self.emit(group, logits)
-        part = kv.KVBatch(lm.DEVICE)
-        part.join(cache, mask if mask is not None else kv.ones(cache, len(group), lm.DEVICE))
+        device = self.device
+        part = kv.KVBatch(device)
+        part.join(cache, mask if mask is not None else kv.ones(cache, len(group), device))
         live = [i for i, r in enumerate(group) if not r.done]
         if len(live) < len(group):
             part.keep(live)
@@ -236,16 +238,16 @@ class Engine:
 
     def decode(self, run: list[int]) -> None:
         """One forward pass for the rows `run` (indices into self.rows): each feeds its last token."""
-        m = self.model if self.model is not None else lm.model()
+        m, device = self.model.net, self.device
         rows = [self.rows[i] for i in run]
         everyone = len(rows) == len(self.rows)
         mask = self.kv.extend() if everyone else self.kv.narrow(run)
         out = m(
-            input_ids=torch.tensor([[r.next] for r in rows], device=lm.DEVICE),
-            position_ids=torch.tensor([[r.length] for r in rows], device=lm.DEVICE),
+            input_ids=torch.tensor([[r.next] for r in rows], device=device),
+            position_ids=torch.tensor([[r.length] for r in rows], device=device),
             attention_mask=mask,  # None when no row has padding: the same arithmetic as the thread engine
             use_cache=True,
-            **lm.forward_kwargs(m, self.kv.cache),
+            **forward_kwargs(m, self.kv.cache),
         )
         if not everyone:
             self.kv.widen(run)
@@ -257,7 +259,7 @@ class Engine:
         if any(r.done for r in rows):
             self.compact()
 
-    def emit(self, rows, logits):
+    def emit(self, rows: list[Row], logits: Any) -> None:
         """Sample a token for each row and hand it to its job's per-token routine; a row whose job
         ended is marked done."""
         tokens = choose_batch(logits, [r.draws for r in rows], [r.temperature for r in rows], [r.top_p for r in rows])
@@ -265,17 +267,17 @@ class Engine:
         with self.lock:
             self.tokens += len(rows)
         for row, token in zip(rows, tokens, strict=True):
-            row.done = not row.job.take(token)
+            row.done = not row.job.on_token(token)
             row.next, row.last_at = token, now
 
-    def end(self, row, reason=None, error=None):
+    def end(self, row: Row, reason: str | None = None, error: BaseException | None = None) -> None:
         row.done = True
         if error is None:
-            row.job.end(reason)
+            row.job.end(reason or "stopped")
         else:
             row.job.fail(error)
 
-    def compact(self):
+    def compact(self) -> None:
         """Drop the rows that are done: their KV memory goes with them."""
         keep = [i for i, r in enumerate(self.rows) if not r.done]
         self.kv.keep(keep)
@@ -283,9 +285,9 @@ class Engine:
 
 
 class BatchedJob(Job):
-    """A Job that an Engine's thread runs in its batch."""
+    """A Job that a BatchEngine's thread runs in its batch."""
 
-    def __init__(self, engine: Engine, *args, **kw) -> None:
+    def __init__(self, engine: BatchEngine, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.engine = engine
 

@@ -1,0 +1,145 @@
+"""`Backend`: what generates a server's answers, and the counts of its jobs.
+
+`await Backend.open(prompt, params)` returns a started Job of the chosen engine, each a module
+here and an entry in ENGINES:
+
+- "batched" (batched.py): one engine thread steps every request at once (the default);
+- "thread" (thread.py): the article's thread per request;
+- "free" (free.py): no model, for measuring the server's own cost per event;
+- "upstream" (upstream/): OpenAI-compatible engines elsewhere.
+
+A local engine's prompt is encoded to ids first (in a thread), through the backend's `Model`
+(the model layer's handle: the package never imports the top-level lm); an upstream job is
+returned once an upstream has answered, so that its failure is an error before any header
+(ProtocolError 502/503/504). `start(ids, params, prior)` starts a local engine's job from ids (a
+stream taken over). The server reads `stats` and `loaded` and calls `load`, `stop_all` and
+`wait_all`. No module-level state: two servers in one process would have two backends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+from streaming.generation.batched import MAX_BATCH, PREFILL_CHUNK, BatchedJob, BatchEngine
+from streaming.generation.free import FreeJob
+from streaming.generation.job import Job, JobOptions, Stats
+from streaming.generation.policy import Fifo, Qoe
+from streaming.generation.prompts import Prompt
+from streaming.generation.thread import ThreadJob
+from streaming.generation.upstream.pool import Pool
+from streaming.generation.upstream.relay import UpstreamJob
+from streaming.model.loading import Model
+from streaming.wire.params import GenerationParams
+
+Prior = list[int] | tuple[int, ...]
+
+
+def batched(b: Backend, ids: list[int], params: GenerationParams, prior: Prior) -> Job:
+    assert b.batch is not None
+    return BatchedJob(b.batch, ids, params, b.options, b.stats, prior)
+
+
+def threaded(b: Backend, ids: list[int], params: GenerationParams, prior: Prior) -> Job:
+    assert b.model is not None
+    return ThreadJob(ids, params, b.options, b.stats, prior, model=b.model)
+
+
+def free(b: Backend, ids: list[int], params: GenerationParams, prior: Prior) -> Job:
+    return FreeJob(ids, params, b.options, b.stats, prior)
+
+
+# Each engine's job from a prompt's ids; None: it takes the prompt itself and runs no model here.
+ENGINES: dict[str, Callable[[Backend, list[int], GenerationParams, Prior], Job] | None] = {
+    "batched": batched,
+    "thread": threaded,
+    "free": free,
+    "upstream": None,
+}
+
+
+class Backend:
+    def __init__(
+        self,
+        engine: str = "batched",
+        options: JobOptions | None = None,
+        *,
+        model: Model | None = None,
+        max_batch: int = MAX_BATCH,
+        prefill_chunk: int = PREFILL_CHUNK,
+        policy: Fifo | Qoe | None = None,
+        pool: Pool | None = None,
+    ) -> None:
+        if engine not in ENGINES:
+            raise ValueError(f"unknown engine {engine!r}: choose one of {', '.join(ENGINES)}")
+        if (engine == "upstream") != (pool is not None):
+            raise ValueError("--engine upstream and --upstream URL go together")
+        self.kind, self.make = engine, ENGINES[engine]
+        if self.make is not None and model is None:
+            raise ValueError(f"--engine {engine} needs a model")
+        self.options, self.stats, self.pool, self.model = options or JobOptions(), Stats(), pool, model
+        self.batch = (
+            BatchEngine(model, max_batch, prefill_chunk, self.options.token_delay, policy=policy)
+            if engine == "batched" and model is not None
+            else None
+        )
+        # Whether answers can be generated: an upstream's at once; a local model's once load()
+        # has loaded and warmed it up (or if it came loaded).
+        self.loaded = self.make is None or (model is not None and model.loaded)
+
+    async def load(self, load: Callable[[], str]) -> str:
+        """Load the model (in a thread: the loop goes on answering /health and /ready); what
+        `load` says of it."""
+        said = await asyncio.to_thread(load)
+        self.loaded = True
+        return said
+
+    async def open(self, prompt: Prompt, params: GenerationParams, so_far: str = "", pieces: int = 0) -> Job:
+        """A started job for a request (`so_far`, `pieces`: an upstream continues that answer)."""
+        if self.pool is not None:
+            relay = UpstreamJob(
+                self.pool, prompt.chat(), params, self.options, self.stats, so_far=so_far, pieces=pieces
+            )
+            relay.prompt = prompt
+            await relay.start().opened
+            return relay
+        assert self.model is not None
+        job = self.start(await asyncio.to_thread(prompt.encode, self.model, params), params)
+        job.prompt = prompt
+        return job
+
+    def start(self, ids: list[int], params: GenerationParams, prior: Prior = ()) -> Job:
+        """A started job for the prompt's ids; `prior`: the answer's tokens so far (a stream
+        taken over from another replica), which it continues."""
+        assert self.make is not None, "an upstream job starts from the prompt: open()"
+        return self.make(self, ids, params, prior).start()
+
+    def model_id(self) -> str:
+        """The model's id on /v1/: the upstream's, else the model's short name (never a file's path)."""
+        if self.pool is not None:
+            return self.pool.model or "upstream"
+        return self.model.served_name() if self.model is not None else self.kind
+
+    def facts(self) -> dict[str, Any]:
+        """For /metrics.json: the model, where it runs and in what."""
+        return self.model.facts() if self.model is not None else {}
+
+    def metrics(self) -> dict[str, Any]:
+        if self.pool is not None:
+            return {"engine": "upstream", "upstreams": self.pool.status()}
+        return self.batch.metrics() if self.batch is not None else {"engine": self.kind}
+
+    def waiting(self) -> int:
+        return int(self.metrics().get("waiting", 0))
+
+    def stop_all(self) -> None:
+        for job in list(self.stats.active):
+            job.stop.set()
+
+    async def wait_all(self, timeout: float) -> None:
+        """Wait (off the loop) for every job's producing side to finish, up to `timeout` in all."""
+        deadline = time.monotonic() + timeout
+        for job in list(self.stats.active):
+            await asyncio.to_thread(job.wait, max(0.0, deadline - time.monotonic()))

@@ -1,0 +1,184 @@
+"""The upstreams of --engine upstream: which to ask, which to leave out, and how they fail.
+
+- Choosing: the upstream with the fewest requests in flight; one that failed is taken out for
+  TAKE_OUT seconds (doubling while it keeps failing, to MAX_OUT) and a probe (GET /models) brings
+  it back early once it answers.
+- Failing: `UpstreamError` carries the status our endpoint answers (502 unreachable, a 5xx or a
+  broken answer; 503 overloaded: 429/503; 504 no answer in time; an upstream's 4xx about the
+  request keeps its status) and whether another upstream may do better.
+
+Leaves out: weights, sticky sessions, and health beyond "it answers GET /models".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import SplitResult, urlsplit
+
+from streaming import http_client
+from streaming.wire.errors import ProtocolError
+from streaming.wire.http11 import Response
+
+CONNECT_TIMEOUT = 5.0  # seconds to connect to an upstream (and for a probe's answer) before trying the next
+TAKE_OUT = 2.0  # seconds a failed upstream is left out at first, doubling while it keeps failing
+MAX_OUT = 60.0
+PROBE_EVERY = 1.0  # seconds between probes of the upstreams left out
+ERROR_BODY = 64 * 1024  # bytes of an upstream's error answer (or a probe's) read for its message
+RETRYABLE = {429, 500, 502, 503, 504}
+OVERLOADED = {429, 503}
+
+
+class UpstreamError(Exception):
+    """An upstream failed a request: `status` is what our endpoint answers, `retry` whether
+    another upstream may do better."""
+
+    def __init__(self, message: str, status: int = 502, retry: bool = True) -> None:
+        super().__init__(message)
+        self.status, self.retry = status, retry
+
+    def protocol(self) -> ProtocolError:
+        kind = {502: "upstream_failed", 503: "upstream_overloaded", 504: "upstream_timeout"}.get(self.status)
+        return ProtocolError(str(self), self.status, close_code=1011, kind=kind)
+
+
+@dataclass
+class Upstream:
+    url: str
+    in_flight: int = 0
+    out_until: float = 0.0  # time.monotonic() before which it is left out
+    out_for: float = 0.0  # its present take-out period
+    served: int = 0
+    failures: int = 0
+    parts: SplitResult = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.parts = urlsplit(self.url.rstrip("/"))
+        if self.parts.scheme not in ("http", "https") or not self.parts.hostname:
+            raise ValueError(f"{self.url!r}: an upstream is an http:// or https:// URL, e.g. http://host:8000/v1")
+
+    @property
+    def host(self) -> str:
+        return self.parts.netloc.rpartition("@")[2]
+
+    def status(self) -> dict[str, Any]:
+        out = max(0.0, self.out_until - time.monotonic())
+        return {
+            "url": self.url,
+            "in_flight": self.in_flight,
+            "served": self.served,
+            "failures": self.failures,
+            "out_s": round(out, 1),
+        }
+
+
+async def connect(u: Upstream) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    try:
+        return await http_client.connect(u.parts, CONNECT_TIMEOUT)
+    except asyncio.TimeoutError:
+        raise UpstreamError(f"upstream {u.url} did not accept a connection in {CONNECT_TIMEOUT:g} s", 504) from None
+    except OSError as e:
+        raise UpstreamError(f"upstream {u.url} cannot be reached: {e.strerror or e}") from None
+
+
+def request_bytes(u: Upstream, method: str, path: str, body: bytes | None, key: str | None) -> bytes:
+    fields = [("Accept", "text/event-stream")]
+    if key:
+        fields.append(("Authorization", f"Bearer {key}"))
+    if body is not None:
+        fields.append(("Content-Type", "application/json"))
+    return http_client.request_bytes(method, f"{u.parts.path}{path}", u.host, fields, body)
+
+
+async def get(u: Upstream, path: str, key: str | None) -> tuple[Response, bytes]:
+    """A small GET's head and body (the probe, /models), within CONNECT_TIMEOUT each step."""
+    reader, writer = await connect(u)
+    try:
+        writer.write(request_bytes(u, "GET", path, None, key))
+        reply = http_client.Reply(reader, CONNECT_TIMEOUT)
+        head = await asyncio.wait_for(reply.read_head(), CONNECT_TIMEOUT)
+        return head, await reply.body(ERROR_BODY)
+    finally:
+        writer.close()
+
+
+def refusal(u: Upstream, status: int, body: bytes) -> UpstreamError:
+    """An upstream's non-200 answer as our error: its message, our status."""
+    try:
+        err = json.loads(body)
+        message = err.get("error", err).get("message") or err.get("detail") or str(err)
+    except (ValueError, AttributeError):
+        message = body.decode("utf-8", "replace")[:200]
+    if status in RETRYABLE:
+        return UpstreamError(f"upstream {u.url} answered {status}: {message}", 503 if status in OVERLOADED else 502)
+    if status in (400, 404, 413, 422):  # about the request: the reader's to fix
+        return UpstreamError(f"the upstream refused the request: {message}", status, retry=False)
+    return UpstreamError(f"upstream {u.url} answered {status}: {message}", 502, retry=False)
+
+
+# What a probe or a /models request may fail with: the connection, the parser, silence.
+PROBE_FAILURES = (UpstreamError, ProtocolError, OSError, asyncio.TimeoutError)
+
+
+class Pool:
+    """The upstreams: least in flight first, failed ones left out and probed back."""
+
+    def __init__(self, urls: list[str], key: str | None = None, model: str | None = None) -> None:
+        if not urls:
+            raise ValueError("--engine upstream needs at least one --upstream URL")
+        self.upstreams = [Upstream(u) for u in urls]
+        self.key, self.model = key, model
+        self.prober: asyncio.Task[None] | None = None
+
+    def order(self) -> list[Upstream]:
+        """Those to try, in order: the ones in, fewest in flight first; then the ones out, soonest back first."""
+        now = time.monotonic()
+        ins = sorted((u for u in self.upstreams if u.out_until <= now), key=lambda u: u.in_flight)
+        outs = sorted((u for u in self.upstreams if u.out_until > now), key=lambda u: u.out_until)
+        return ins + outs
+
+    def failed(self, u: Upstream, e: UpstreamError) -> None:
+        u.failures += 1
+        if e.retry:  # a request the upstream refused (a 4xx) says nothing of its health
+            u.out_for = min(MAX_OUT, u.out_for * 2 or TAKE_OUT)
+            u.out_until = time.monotonic() + u.out_for
+            print(f"upstream {u.url} failed ({e}): left out for {u.out_for:g} s", file=sys.stderr, flush=True)
+        if self.prober is None or self.prober.done():
+            self.prober = asyncio.get_running_loop().create_task(self.probe())
+
+    def worked(self, u: Upstream) -> None:
+        if u.out_for:
+            print(f"upstream {u.url} is back", flush=True)
+        u.out_for, u.out_until = 0.0, 0.0
+
+    async def probe(self) -> None:
+        """While some upstream is out: ask each GET /models; one that answers 200 is back."""
+        while any(u.out_until > time.monotonic() for u in self.upstreams):
+            await asyncio.sleep(PROBE_EVERY)
+            for u in [u for u in self.upstreams if u.out_until > time.monotonic()]:
+                try:
+                    head, _ = await get(u, "/models", self.key)
+                except PROBE_FAILURES:
+                    continue
+                if head.status == 200:
+                    self.worked(u)
+
+    async def model_name(self) -> str:
+        """--upstream-model, else the first model the upstreams list."""
+        if self.model is None:
+            for u in self.order():
+                try:
+                    head, body = await get(u, "/models", self.key)
+                    if head.status == 200:
+                        self.model = json.loads(body)["data"][0]["id"]
+                        break
+                except (*PROBE_FAILURES, ValueError, LookupError, TypeError):
+                    continue
+        return self.model or "default"
+
+    def status(self) -> list[dict[str, Any]]:
+        return [u.status() for u in self.upstreams]

@@ -1,0 +1,165 @@
+"""`Model`: a chosen model, loaded on first use, as the generation layer receives it.
+
+A `Model` holds a `Choice` (choice.py) and loads its tokenizer and its network once, when first
+asked (the server listens first and loads in a thread): the bundled model and .gguf files from
+their converted folders (bundled.py), `tiny` and `exact` made in place (testing.py), a hub id or a
+folder through transformers; in the chosen dtype, on the chosen device, quantized if asked
+(quant.py). It also knows what every engine asks of a model: the ids that end an answer, the
+context length, the keywords of a forward call with a KV cache in this transformers version, and
+the facts /metrics.json shows. Tests make one around a network of their own (`net=`).
+
+Leaves out: multi-device placement, and batching (the engines' business).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+from pathlib import Path
+from typing import Any
+
+from streaming.model import bundled, quant
+from streaming.model.choice import NAMED, Choice, ModelError, check_model_name
+from streaming.model.testing import ExactModel, tiny_model
+
+
+class Model:
+    def __init__(self, choice: Choice | None = None, *, net: Any = None, tokenizer: Any = None) -> None:
+        self.choice = choice or Choice()
+        self._net, self._tokenizer = net, tokenizer
+        self._stop_ids: frozenset[int] | None = None
+        self.lock = threading.Lock()  # the loader thread and a first request may both ask
+
+    @property
+    def device(self) -> str:
+        return self.choice.device_name()
+
+    @property
+    def loaded(self) -> bool:
+        return self._net is not None
+
+    def choose(
+        self, model: str | None = None, device: str | None = None, dtype: str | None = None, quantize: str | None = None
+    ) -> None:
+        """Change the choice (checked); only before the tokenizer or the network is loaded."""
+        if (self._net is not None or self._tokenizer is not None) and (model or device or dtype or quantize):
+            raise ModelError("configure() must come before the model or tokenizer is first used")
+        self.choice.update(model, device, dtype, quantize)
+
+    @property
+    def tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            with self.lock:
+                if self._tokenizer is None:
+                    self._tokenizer = load_tokenizer(self.choice)
+        return self._tokenizer
+
+    @property
+    def net(self) -> Any:
+        """The network, in eval mode on the device in the chosen dtype; loaded on the first use."""
+        if self._net is None:
+            tokenizer = self.tokenizer
+            with self.lock:
+                if self._net is None:
+                    self._net = load_net(self.choice, tokenizer)
+        return self._net
+
+    def stop_ids(self) -> frozenset[int]:
+        """Token ids that end an answer: EOS, and <|endoftext|> for Qwen (raw continuations end so)."""
+        if self._stop_ids is None:
+            self._stop_ids = stop_ids(self.tokenizer)
+        return self._stop_ids
+
+    def context(self) -> int | None:
+        """The most tokens it reads (prompt and answer), if its config says."""
+        return getattr(self.net.config, "max_position_embeddings", None)
+
+    def facts(self) -> dict[str, Any]:
+        """For /metrics.json: which model, where, in what."""
+        return {
+            "model": self.choice.model,
+            "device": self.device,
+            "dtype": str(self.choice.torch_dtype()).removeprefix("torch."),
+            "quantize": self.choice.quantize,
+        }
+
+    def served_name(self) -> str:
+        return served_name(self.choice.model)
+
+
+def load_tokenizer(choice: Choice) -> Any:
+    from transformers import AutoTokenizer  # (seconds to import: only when a model is used)
+
+    name = choice.model
+    check_model_name(name)
+    if name in NAMED:
+        source = str(bundled.ensure_tokenizer(bundled.bundled_gguf, bundled.bundled_folder()))
+    elif name.endswith(".gguf"):
+        p = Path(name).resolve()
+        source = str(bundled.ensure_tokenizer(lambda: p, bundled.gguf_folder(p)))
+    else:
+        source = name
+    return AutoTokenizer.from_pretrained(source)
+
+
+def load_net(choice: Choice, tokenizer: Any) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    name, dtype, device = choice.model, choice.torch_dtype(), choice.device_name()
+    check_model_name(name)
+    if name == "tiny":
+        m = tiny_model(tokenizer)
+    elif name == "exact":
+        m = ExactModel(tokenizer)
+    elif name == "bundled":
+        folder = bundled.ensure_model(bundled.bundled_gguf, bundled.bundled_folder())
+        m = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
+    elif name.endswith(".gguf"):  # converted once into the cache, as the bundled model is
+        p = Path(name).resolve()
+        m = AutoModelForCausalLM.from_pretrained(
+            str(bundled.ensure_model(lambda: p, bundled.gguf_folder(p))), dtype=dtype
+        )
+    else:
+        m = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
+    m = m.to(device=device, dtype=dtype).eval()
+    if choice.quantize != "none":
+        if device != "cpu":
+            raise ModelError(f"--quantize {choice.quantize} uses torch's CPU kernels: use --device cpu")
+        m = quant.quantize(m, choice.quantize)
+    return m
+
+
+def stop_ids(tokenizer: Any) -> frozenset[int]:
+    ids = {tokenizer.eos_token_id}
+    for special in ("<|endoftext|>", "<|im_end|>"):
+        i = tokenizer.convert_tokens_to_ids(special)
+        if isinstance(i, int) and i != tokenizer.unk_token_id:
+            ids.add(i)
+    return frozenset(i for i in ids if i is not None)
+
+
+def served_name(name: str) -> str:
+    """The model's short name, as /v1/models gives it: the bundled model's, a .gguf file's stem,
+    a folder's name, or a hub id as it is."""
+    if name == "bundled":
+        return bundled.BUNDLED_NAME.removesuffix("-q4_k_m")
+    if name.endswith(".gguf") or Path(name).is_dir():
+        return Path(name).resolve().name.removesuffix(".gguf")
+    return name
+
+
+@functools.cache
+def _forward_parameters(cls: Any) -> frozenset[str]:
+    return frozenset(inspect.signature(cls.forward).parameters)
+
+
+def forward_kwargs(m: Any, cache: Any) -> dict[str, Any]:
+    """The keywords of a model call with this KV cache, by transformers version: the cache is
+    `cache` in transformers 5 and `past_key_values` in 4.x; and `logits_to_keep=1` where the model
+    takes it (a prefill then computes only the last position's logits: 25% less work)."""
+    names = _forward_parameters(m.__class__)
+    kw: dict[str, Any] = {"cache" if "cache" in names else "past_key_values": cache}
+    if "logits_to_keep" in names:
+        kw["logits_to_keep"] = 1
+    return kw

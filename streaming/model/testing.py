@@ -1,0 +1,85 @@
+"""The two test models, over the real bundled tokenizer, for tests and load experiments.
+
+- `tiny_model`: two layers of seeded random weights in the Qwen2 architecture. The same code
+  path as a real model, fast; its text is gibberish.
+- `ExactModel`: not a language model but a stand-in whose logits are an exact function of a
+  row's own tokens (small integers, the same bits in every dtype and any batch): for the tests of
+  batching plumbing, where equal texts must mean equal work.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def tiny_model(tokenizer: Any) -> torch.nn.Module:
+    """Qwen2 architecture, 2 layers, width 64, seeded random weights, real vocabulary size."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32768,  # as Qwen2.5
+        # Wide initial weights make peaked next-token distributions, as a trained model has;
+        # the default 0.02 gives near-uniform ones, whose nucleus is most of the vocabulary.
+        initializer_range=0.5,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        m = Qwen2ForCausalLM(config)
+    return m
+
+
+class ExactModel(torch.nn.Module):
+    """`exact`: the next token's logits are a function of the row's tokens so far (their sum and
+    count), with four candidates at 4, 3, 2 and 1 and the rest at -inf: small integers, exact in
+    every dtype, and a row's logits never depend on the other rows of a batch. It keeps a real KV
+    cache (one layer; the keys carry the token ids, padding is zeros and masked), so the batched
+    engine's joins, padding and compaction run as with a real model."""
+
+    FIRST, SPAN = 1000, 30000  # candidates among ordinary tokens, which decode to text
+
+    def __init__(self, tokenizer: Any) -> None:
+        super().__init__()
+        from transformers import Qwen2Config
+
+        self.config = Qwen2Config(
+            vocab_size=len(tokenizer),
+            hidden_size=8,
+            intermediate_size=8,
+            num_hidden_layers=1,
+            num_attention_heads=1,
+            num_key_value_heads=1,
+            max_position_embeddings=32768,
+        )
+        self.anchor = torch.nn.Parameter(torch.zeros(1))  # for .to(dtype) and .dtype
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: Any = None,
+        cache: Any = None,
+        past_key_values: Any = None,
+        **_: Any,
+    ) -> Any:
+        cache = cache if cache is not None else past_key_values
+        b, n = input_ids.shape
+        keys = input_ids.to(torch.float32).view(b, 1, n, 1)  # ids < 2**24: exact in float32
+        keys, _ = cache.update(keys, torch.ones_like(keys), 0)
+        ids = keys.view(b, -1).to(torch.int64)
+        count = attention_mask.sum(-1) if attention_mask is not None else torch.full((b,), ids.shape[1])
+        h = (ids.sum(-1) * 1_000_003 + count * 7919) % 1_000_000_007
+        logits = torch.full((b, 1, self.config.vocab_size), float("-inf"), dtype=self.anchor.dtype)
+        for k, value in enumerate((4.0, 3.0, 2.0, 1.0)):
+            candidates = self.FIRST + (h * (k + 3) + k * 104_729) % self.SPAN
+            logits[torch.arange(b), 0, candidates] = value
+        return type("Output", (), {"logits": logits})()

@@ -1,0 +1,190 @@
+"""One answer's lifecycle, from its job to its record, for every endpoint that generates.
+
+    async with Answer(answers, job, "/stream", watch=conn) as answer:
+        await answer.relay(deliver, keep_alive)          # or: async for piece in answer.pieces()
+
+Entering watches the reader: end-of-file on its connection stops the job at once (the article's
+point), unless the server is --naive. `pieces()` yields the job's text pieces, timing each, calls
+a keep-alive during silence, and raises the job's failure as a ProtocolError; `relay()` hands
+each piece to a delivery function and notices a reader that cannot take it. Leaving, however it
+leaves, stops the job, stops watching, waits for the job's count of tokens and records the answer
+(the article's log line and the metrics); an answer that the shutdown stopped then leaves with
+ProtocolError 503 `shutting_down`. Every error an answer raises reaches the one error place
+(exchange.py), which says it in the endpoint's shape, before the head or after it.
+
+`Answers` is what all answers of a server share: the log, the metrics, the --ping and --naive
+settings, and the phase (the shutdown's cut). No sockets here: a watched connection is anything
+with `watch(job)` and `gone`, so tests drive an Answer with a fake job and a fake connection.
+Leaves out: the wire formats (the handlers' delivery functions) and where pieces go (a socket,
+a recording).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from types import TracebackType
+from typing import Any, Protocol
+
+from streaming.generation.job import Job
+from streaming.server.metrics import Metrics
+from streaming.server.state import Phase, ServerState
+from streaming.wire.errors import ProtocolError
+from streaming.wire.stops import StopMatcher
+
+SHUTTING_DOWN = "the server is shutting down"
+
+Deliver = Callable[[str], Awaitable[bool]]  # send a piece's text; False: the reader cannot take it
+KeepAlive = Callable[[], Awaitable[bool]]  # say something during silence; False: the reader is gone
+
+
+class Watched(Protocol):
+    """A reader's connection, as an answer watches it (connection.Connection)."""
+
+    gone: bool
+
+    async def watch(self, job: Job) -> None: ...
+
+
+class Early(enum.Enum):
+    """How an answer's log line names an early end (the article's words), and what it counts as."""
+
+    LEFT = "client left early"  # the reader went away (end-of-file, a failed write): reader_left
+    SAID_STOP = "client said stop"  # a WebSocket's reader asked to stop (or closed): stopped
+    STOPPED = "stopped early"  # a resumable stream ended before its end (/stop, the grace, shutdown)
+
+
+class Answers:
+    """The answers of one server: their log, their metrics, and what the settings say of them."""
+
+    def __init__(self, metrics: Metrics, state: ServerState, ping: float, naive: bool) -> None:
+        self.metrics, self.state, self.ping, self.naive = metrics, state, ping, naive
+        self.log: list[list[Any]] = []  # [path, generated tokens, ended early], one per finished answer
+
+    def cut(self, job: Job) -> ProtocolError | None:
+        """The error an answer ends with if the shutdown stopped its job, else None (a job handed
+        off to another replica ends without an end: the taker writes it)."""
+        if self.state.phase is Phase.CLOSING and job.reason == "stopped" and not job.handed_off:
+            return ProtocolError(SHUTTING_DOWN, 503, close_code=1001, kind="shutting_down")
+        return None
+
+    def record(self, answer: Answer, produced: int, early: bool) -> None:
+        """The article's log line, and the answer's metrics."""
+        job = answer.job
+        self.log.append([answer.path, produced, early])
+        print(f"{answer.path}: generated {produced} tokens, {answer.early.value}: {early}", flush=True)
+        if job.reason is None:
+            outcome = "error"
+        elif early and answer.early is Early.LEFT:
+            outcome = "reader_left"
+        else:
+            outcome = "stopped" if job.reason == "stopped" else "finished"
+        after_stop = max(0, job.produced - job.stop.at) if job.stop.at is not None else 0
+        self.metrics.ended(
+            answer.path, outcome, answer.arrivals, answer.whole, job.prompt_tokens, job.produced, after_stop
+        )
+
+
+class Answer:
+    """One answer: see the module's docstring. `whole`: it goes out at once at the end (its
+    metrics count every piece as arriving then); `early`: how its log line names an early end;
+    `naive`: whether a reader who cannot take a piece is ignored (default: the server's --naive)."""
+
+    def __init__(
+        self,
+        answers: Answers,
+        job: Job,
+        path: str,
+        *,
+        watch: Watched | None = None,
+        early: Early = Early.LEFT,
+        whole: bool = False,
+        naive: bool | None = None,
+    ) -> None:
+        self.answers, self.job, self.path, self.early, self.whole = answers, job, path, early, whole
+        self.naive = answers.naive if naive is None else naive
+        self.watched = watch if not self.naive else None  # --naive: nobody notices the reader leave
+        self.watcher: asyncio.Task[None] | None = None
+        self.left = False  # the reader went away: no end is sent
+        self.produced = 0  # tokens generated, once the answer is over
+        self.arrivals: list[float] = []  # when each piece reached the loop, seconds since the request
+
+    async def __aenter__(self) -> Answer:
+        if self.watched is not None:
+            self.watcher = asyncio.create_task(self.watched.watch(self.job))
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        job = self.job
+        self.left = self.left or (self.watched is not None and self.watched.gone)
+        said_stop = job.stop.is_set()  # (before our own stop below)
+        job.stop.set()  # however it ended, this answer's generation ends
+        if self.watcher is not None:
+            self.watcher.cancel()
+        self.produced = await job.done
+        early = {Early.LEFT: self.left, Early.SAID_STOP: said_stop, Early.STOPPED: job.reason == "stopped"}
+        self.answers.record(self, self.produced, early[self.early])
+        if kind is None and not self.left and (cut := self.answers.cut(job)):
+            raise cut
+
+    async def pieces(self, keep_alive: KeepAlive | None = None) -> AsyncIterator[str]:
+        """Yield the job's text pieces until its end; raise ProtocolError (500, or an upstream's
+        own) if it failed. After --ping seconds without a piece, call keep_alive(); if that says
+        the reader is gone (False), stop the job and return early."""
+        job, ping = self.job, self.answers.ping
+        while True:
+            if not job.out.empty():  # a piece is ready: take it without a task or a timer
+                item = await job.get()
+            else:
+                getter = asyncio.ensure_future(job.get())
+                while not getter.done():
+                    done, _ = await asyncio.wait({getter}, timeout=ping)
+                    if not done and keep_alive is not None and not await keep_alive():
+                        getter.cancel()
+                        self.left = True
+                        job.stop.set()
+                        return
+                item = getter.result()
+            if item is None:
+                return
+            if isinstance(item, ProtocolError):  # an upstream's failure, in its own words
+                raise item
+            if isinstance(item, BaseException):
+                raise ProtocolError(f"generation failed: {item}", 500, close_code=1011, kind="generation_failed")
+            now = time.monotonic()
+            if self.arrivals:
+                self.answers.metrics.gaps.observe(now - job.created - self.arrivals[-1])
+            self.arrivals.append(now - job.created)
+            yield item  # a Piece (with its token ids), or plain text (--engine free)
+
+    async def relay(
+        self, deliver: Deliver, keep_alive: KeepAlive | None = None, matcher: StopMatcher | None = None
+    ) -> str | None:
+        """Deliver each piece (through `matcher`, the request's stop strings, if given), with
+        keep_alive() during silence, until the job ends. A delivery that fails means the reader
+        is gone: `left`, and the job stops (with --naive it goes on, for nobody). Returns the stop
+        string that ended the answer, if one did."""
+
+        async def silence() -> bool:
+            if not self.left and keep_alive is not None and not await keep_alive():
+                self.left = True
+            return not self.left or self.naive
+
+        async for piece in self.pieces(silence):
+            if self.left:
+                continue  # --naive: generating for nobody
+            text = matcher.push(piece) if matcher else piece
+            if text and not await deliver(text):
+                self.left = True
+                if not self.naive:
+                    break
+            if matcher is not None and matcher.matched is not None:
+                self.job.stop.set()
+                break
+        if matcher is not None and not self.left and (rest := matcher.flush()):
+            self.left = not await deliver(rest)
+        return matcher.matched if matcher is not None else None

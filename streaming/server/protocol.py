@@ -1,0 +1,119 @@
+"""HTTP/1.1 on each connection: its requests one after another, each checked, routed to its
+handler, and every error said in one place (Exchange.fail).
+
+`HttpProtocol(ctx).handle` is what asyncio's server calls for each connection. A connection
+carries requests in order (pipelined ones too) while it may stay open: HTTP/1.1 without
+`Connection: close`, a response with a length, at most --keepalive-requests of them, each
+within --keepalive-timeout of the last, and not while the server drains. Before a handler runs:
+the Host (guard.py), the route and its methods, CORS and preflights, the API key, JSON bodies,
+and whether the model has loaded. A bug costs one request (a 500, logged), never the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+
+from streaming.server.connection import BodyBudget, Connection
+from streaming.server.context import Context
+from streaming.server.exchange import Exchange
+from streaming.server.guard import allowed_hosts, check_host, check_json, check_key, cors, preflight
+from streaming.server.routes import ROUTES
+from streaming.server.state import Phase
+from streaming.wire.errors import InvalidRequest, ProtocolError
+from streaming.wire.http11 import Request
+
+SHUTTING_DOWN = ProtocolError("server shutting down", 503, close_code=1001, kind="shutting_down")
+INTERNAL = ProtocolError("internal error", 500, close_code=1011)
+UNREAD = Request("", "", "HTTP/1.1", {})  # what an exchange holds until its request has been read
+
+
+class HttpProtocol:
+    def __init__(self, ctx: Context) -> None:
+        self.ctx, self.config = ctx, ctx.config
+        self.hosts = allowed_hosts(ctx.config.host, ctx.config.allow_host)
+        self.bodies = BodyBudget(ctx.config.body_memory)  # request bodies still arriving, all together
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        state = self.ctx.state
+        task = asyncio.current_task()
+        assert task is not None
+        state.connections.add(task)
+        state.accepted += 1
+        conn = Connection(reader, writer)
+        try:
+            await self.requests(conn, task)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass  # the client went away between requests
+        finally:
+            state.connections.discard(task)
+            writer.close()
+            try:
+                await writer.wait_closed()
+            except (ConnectionError, asyncio.CancelledError):
+                pass
+
+    async def requests(self, conn: Connection, task: asyncio.Task[None]) -> None:
+        """The requests of one connection, one after another, while it may stay open."""
+        config, state = self.config, self.ctx.state
+        for n in range(config.keepalive_requests):
+            state.idle.add(task)
+            try:
+                wait = config.request_timeout if n == 0 else config.keepalive_timeout
+                if state.phase is not Phase.SERVING or not await conn.next_bytes(wait):
+                    return
+            finally:
+                state.idle.discard(task)
+            reusable = await self.exchange(conn, keep_alive=n + 1 < config.keepalive_requests)
+            with contextlib.suppress(ConnectionError):
+                await conn.writer.drain()
+            if not reusable:
+                return
+
+    async def exchange(self, conn: Connection, keep_alive: bool) -> bool:
+        """Read one request and answer it; whether the connection may carry another."""
+        ex = Exchange(conn, UNREAD, write_timeout=self.config.write_timeout)  # (a 400, 408 or 431 while reading)
+        try:
+            request = await conn.read_request(self.config.request_timeout, self.bodies)
+            if request is None:
+                return False
+            self.ctx.state.served += 1
+            close = "close" in request.headers.get("connection", "").lower() or request.version != "HTTP/1.1"
+            ex = Exchange(conn, request, keep_alive=keep_alive and not close, write_timeout=self.config.write_timeout)
+            await self.dispatch(ex)
+        except (ProtocolError, InvalidRequest) as e:
+            await ex.fail(e)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            return False
+        except asyncio.CancelledError:  # the shutdown's last resort: what still runs ends now
+            await ex.fail(SHUTTING_DOWN)
+            raise
+        except Exception as e:  # noqa: BLE001 - a bug must cost one request, not the server
+            print(f"internal error: {e!r}", file=sys.stderr, flush=True)
+            await ex.fail(INTERNAL)
+        return ex.reusable
+
+    async def dispatch(self, ex: Exchange) -> None:
+        request, ctx = ex.request, self.ctx
+        check_host(request, self.hosts)
+        route = ROUTES.get(request.path)
+        if route is None:
+            raise ProtocolError(f"no such path: {request.path}", 404)
+        ex.format = route.format  # the /v1/ family answers every error in its API's shape
+        if route.cors:
+            ex.cors = cors(request, self.config.allow_origin) or []
+        if request.method == "OPTIONS":
+            fields = preflight(request, self.config.allow_origin, route.methods)
+            ex.cors = []
+            ex.respond(204, content_type=None, fields=fields)
+            return
+        if request.method not in route.methods:
+            allow = ", ".join(route.methods)
+            raise ProtocolError(f"{request.path} takes {' or '.join(route.methods)}", 405, headers=[("Allow", allow)])
+        if not route.open:
+            check_key(request, self.config.api_key)
+        check_json(request)
+        if route.model and not ctx.backend.loaded:
+            raise ProtocolError("the model is still loading: GET /ready says when", 503, headers=[("Retry-After", "2")])
+        await route.handler(ctx, ex)

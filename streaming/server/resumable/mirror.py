@@ -1,0 +1,158 @@
+"""The generating replica's side of --store redis://: each of its streams copied to Redis as it
+grows, with what a stranger needs to continue the answer, under a lease it renews.
+
+`own(rec)` starts a mirror task for a recording this replica generates: it writes each event as
+it is added (one command a round trip: an XADD, or one script call for events that piled up), the
+prompt and parameters with the first, and releases the lease after the last. Every RENEW seconds
+`renew()` renews the leases of the live streams (with their keys' time to live). A write refused
+because the entry is there already, or a lease found taken, means another replica took the
+stream over: `lost()` stops it here without an end, so its readers reconnect and are served there.
+At shutdown `hand_off()` stops every live stream the same way, for another replica to take over.
+
+Redis going away stops nothing that is live: the mirror retries every RETRY seconds and catches
+up from what Redis holds when it is back (even an emptied Redis: the stream again from the start);
+leases are renewed again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import asdict
+from typing import Any
+
+from redis.exceptions import RedisError, ResponseError
+
+from streaming.server.resumable.recordings import Recording
+from streaming.server.resumable.store import (
+    APPEND_SCRIPT,
+    LEASE_MS,
+    MAX_EVENTS,
+    RELEASE_SCRIPT,
+    RENEW,
+    RENEW_SCRIPT,
+    RETRY,
+    RedisStore,
+    entry_number,
+    key,
+)
+
+
+class Mirror:
+    def __init__(self, store: RedisStore) -> None:
+        self.store = store
+        self.owned: dict[str, Recording] = {}  # streams this replica generates (or writes the end of)
+
+    def start(self) -> None:
+        self.store.spawn(self.renew(), name="renew")
+
+    def generating(self) -> int:
+        return sum(not rec.ended for rec in self.owned.values())
+
+    def own(self, rec: Recording, written: int = 0) -> None:
+        """Mirror a recording this replica generates to Redis, from event `written` on (a stream
+        taken over has its first events there already)."""
+        self.owned[rec.id] = rec
+        self.store.spawn(self.mirror(rec, written), name=f"mirror {rec.id}")
+
+    async def mirror(self, rec: Recording, written: int) -> None:
+        store = self.store
+        meta = written == 0  # a new stream: its prompt and parameters go first
+        while written < len(rec.events) or not rec.ended:
+            grew = rec.grew
+            if written == len(rec.events):
+                await grew.wait()
+                continue
+            try:
+                written = await self.write(rec, written, meta)
+                meta = False
+            except ResponseError as e:  # event `written` is there already: another replica writes it
+                print(f"stream {rec.id}: another replica took it over ({e}): stopping here", flush=True)
+                self.lost(rec)
+                return
+            except (RedisError, OSError) as e:
+                store.failed(f"writing stream {rec.id}", e)
+                await asyncio.sleep(RETRY)
+                written = await self.written(rec.id, written)
+                meta = meta or written == 0  # a Redis that came back empty: the stream again from the start
+        self.owned.pop(rec.id, None)
+        try:
+            await store.redis.eval(RELEASE_SCRIPT, 1, key("l", rec.id), store.name)
+        except (RedisError, OSError) as e:  # it expires by itself
+            store.failed(f"releasing the lease of {rec.id}", e)
+
+    async def write(self, rec: Recording, written: int, meta: bool) -> int:
+        """Write events `written`.. in one round trip; return how many are written now."""
+        store, job, end = self.store, rec.job, len(rec.events)
+        stream, meta_key = key("s", rec.id), key("m", rec.id)
+        args: list[Any] = [MAX_EVENTS]
+        for k in range(written, end):
+            last = "1" if rec.last and k == end - 1 else ""
+            args += [f"0-{k + 1}", rec.events[k], " ".join(map(str, rec.tokens[k])), last]
+        new, ending = meta and job is not None, rec.last  # (the last event is among these)
+        if not new and not ending:  # the usual case: one command, whatever piled up
+            if end - written == 1:
+                fields = {"e": args[2], "t": args[3]}
+                await store.redis.xadd(stream, fields, id=args[1], maxlen=MAX_EVENTS, approximate=False)  # type: ignore[arg-type]
+            else:
+                await store.append(keys=[stream], args=args)
+            return end
+        pipe = store.redis.pipeline(transaction=False)
+        if new:  # its prompt and parameters, and its lease
+            assert job is not None
+            params = json.dumps(asdict(job.params))
+            prompt = job.prompt.dumps() if job.prompt is not None else "null"
+            pipe.hset(meta_key, mapping={"ids": " ".join(map(str, job.ids)), "params": params, "prompt": prompt})
+            pipe.set(key("l", rec.id), store.name, px=LEASE_MS)
+        pipe.eval(APPEND_SCRIPT, 1, stream, *args)
+        ttl = store.keep_ms if ending else store.live_ms  # (while it lives, renew() keeps the keys alive)
+        pipe.pexpire(stream, ttl)
+        pipe.pexpire(meta_key, ttl)
+        await pipe.execute()
+        return end
+
+    async def written(self, stream_id: str, guess: int) -> int:
+        """How many events of a stream Redis holds (after a failed write, some may be there)."""
+        try:
+            last = await self.store.last_entry(stream_id)
+        except (RedisError, OSError):
+            return guess
+        return entry_number(last[0]) if last else 0
+
+    def lost(self, rec: Recording) -> None:
+        """Another replica generates this stream now: stop here without an end, so the readers
+        here reconnect and are served there."""
+        self.owned.pop(rec.id, None)
+        if rec.job is not None:
+            rec.job.hand_off()
+
+    async def renew(self) -> None:
+        """Every RENEW seconds: renew the leases of the streams this replica generates."""
+        store = self.store
+        while True:
+            await asyncio.sleep(RENEW)
+            live = [rec for rec in self.owned.values() if not rec.ended]
+            if not live:
+                continue
+            try:
+                pipe = store.redis.pipeline(transaction=False)
+                for rec in live:
+                    keys = (key("l", rec.id), key("s", rec.id), key("m", rec.id))
+                    pipe.eval(RENEW_SCRIPT, 3, *keys, store.name, LEASE_MS, store.live_ms)
+                held = await pipe.execute()
+            except (RedisError, OSError) as e:
+                store.failed("renewing leases", e)
+                continue
+            for rec, ok in zip(live, held, strict=True):
+                if not ok:
+                    print(f"stream {rec.id}: its lease went to another replica: stopping here", flush=True)
+                    self.lost(rec)
+
+    def hand_off(self) -> int:
+        """At shutdown: stop generating every live stream without an end, so that its readers
+        reconnect and another replica takes it over (the mirror writes what was made first, then
+        releases the lease). Returns how many."""
+        live = [rec.job for rec in self.owned.values() if not rec.ended and rec.job is not None]
+        for job in live:
+            job.hand_off()
+        return len(live)

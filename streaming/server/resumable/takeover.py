@@ -1,0 +1,175 @@
+"""Streams generated on another replica: a resume that lands here reads them from Redis, and if
+their generator died (its lease expired), this replica takes the generation over.
+
+`find()` answers a Last-Event-ID that this replica's own recordings do not know: it makes a
+*view*, a recording (job None) filled with the stream's events from Redis, which the ordinary
+follow (endpoints.py) sends; a watch task keeps it growing (blocking reads), says "read S" on the
+control channel every second while someone reads it here, and checks the generator's lease. When
+the lease is gone and the stream has no end, the watch takes the lease (SET NX: one taker wins),
+reads the prompt, the parameters and the answer's token ids, and starts a job that continues the
+answer: the model reads prompt + tokens so far, the detokenizer is fed the same ids, and sampling
+goes on from draw i (sampling.uniform). The view becomes this replica's own stream: its readers
+see the next events as if nothing happened. Tokens the dead generator made but never wrote are
+made again, the same ones for greedy decoding (and for sampling, from the same logits), so a
+reader who saw them sees them again with the same numbers and skips nothing.
+
+Leaves out: taking over streams nobody resumes (a stream with no reader left is not worth it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+
+from redis.exceptions import RedisError
+
+from streaming.generation.backend import Backend
+from streaming.generation.prompts import Prompt
+from streaming.server.resumable.control import Control
+from streaming.server.resumable.mirror import Mirror
+from streaming.server.resumable.recordings import Recording, Recordings, parse_event_id
+from streaming.server.resumable.store import (
+    LEASE_MS,
+    RENEW,
+    RETRY,
+    Entry,
+    RedisStore,
+    entry_number,
+    key,
+    unavailable,
+)
+from streaming.wire.errors import ProtocolError, error_body
+from streaming.wire.params import GenerationParams
+from streaming.wire.sse import EventParser
+
+BLOCK_MS = int(RENEW * 1000)  # a watch's blocking read: it checks the lease and says "read" this often
+LOST = ProtocolError("the stream's generator is gone and the store lost its prompt", 503, 1011, "stream_lost")
+
+
+def fill(rec: Recording, entries: list[Entry]) -> None:
+    """Append entries (0-(k+1), fields) to a view, in order, skipping any it has."""
+    for entry_id, fields in entries:
+        if entry_number(entry_id) == len(rec.events) + 1:
+            ids = tuple(int(t) for t in fields.get(b"t", b"").split())
+            rec.append(fields[b"e"], ids, last=b"x" in fields)
+    if rec.last and not rec.ended:
+        rec.end()
+
+
+class Takeover:
+    """Views of streams generated elsewhere, and taking one over (`pump` starts a stream's pump
+    here once it is this replica's own)."""
+
+    def __init__(
+        self,
+        store: RedisStore,
+        recordings: Recordings,
+        mirror: Mirror,
+        control: Control,
+        backend: Backend,
+        pump: Callable[[Recording], None],
+        on_takeover: Callable[[], None] | None = None,
+    ) -> None:
+        self.store, self.recordings, self.mirror, self.control = store, recordings, mirror, control
+        self.backend, self.pump, self.on_takeover = backend, pump, on_takeover
+        self.taken_over = 0  # streams this replica took over from a replica that died
+        self.views = 0  # resumes of streams generated elsewhere that this replica served
+
+    async def find(self, event_id: str) -> tuple[Recording, int] | None:
+        """(view, k) for a Last-Event-ID of a stream generated elsewhere, or None: unknown to
+        Redis, or naming its last event. Raises a 503 if Redis cannot be reached."""
+        parsed = parse_event_id(event_id)
+        if parsed is None:
+            return None
+        stream_id, k = parsed
+        if (known := self.recordings.get(stream_id)) is not None:
+            # A live stream behind the reader (its first generator died before writing what the
+            # reader saw, and the taker makes those events again): wait for them. Else nothing to send.
+            return (known, k) if not known.ended else None
+        try:
+            entries = await self.store.entries(stream_id)
+        except (RedisError, OSError) as e:
+            self.store.failed(f"reading {stream_id}", e)
+            raise unavailable() from None
+        if not entries or stream_id in self.recordings:  # (another resume made the view meanwhile)
+            return self.recordings.find(event_id) if entries else None
+        rec = Recording(stream_id, None)
+        fill(rec, entries)
+        if rec.ended and k >= len(rec.events) - 1:
+            return None
+        self.recordings.add_view(rec)
+        self.views += 1
+        if not rec.ended:  # events this replica has not yet got (k may be past them: they will come)
+            self.store.spawn(self.watch(rec), name=f"watch {rec.id}")
+        return rec, k
+
+    async def watch(self, rec: Recording) -> None:
+        """Keep a view growing while someone reads it here; take it over if its generator died."""
+        r = self.store.redis
+        noted = 0.0
+        while not rec.ended and rec.job is None:
+            if rec.readers == 0:  # the reader left: the view goes (Redis still has everything)
+                self.recordings.drop(rec.id)
+                return
+            try:
+                if time.monotonic() - noted >= RENEW:
+                    noted = time.monotonic()
+                    await self.control.note("read", rec.id)
+                    if not await r.exists(key("l", rec.id)) and await self.take_over(rec):
+                        return
+                fill(rec, await self.store.entries_after(rec.id, len(rec.events), BLOCK_MS))
+            except (RedisError, OSError) as e:
+                self.store.failed(f"following {rec.id}", e)
+                await asyncio.sleep(RETRY)
+
+    async def take_over(self, rec: Recording) -> bool:
+        """Take over a stream whose generator's lease expired; whether this replica did."""
+        r = self.store.redis
+        if not await r.set(key("l", rec.id), self.store.name, nx=True, px=LEASE_MS):
+            return False  # another replica was quicker
+        fill(rec, await self.store.entries(rec.id, len(rec.events)))
+        meta = await r.hgetall(key("m", rec.id))
+        stopped = await r.exists(key("k", rec.id))
+        written = len(rec.events)
+        if rec.ended or b"params" not in meta:  # it ended after all, or Redis lost what it needs
+            await r.delete(key("l", rec.id))
+            if not rec.ended:
+                print(f"stream {rec.id}: cannot be taken over: its prompt is no longer in the store", flush=True)
+                rec.add(json.dumps(error_body(LOST)), event="error", last=True)
+                rec.end()
+            return True
+        params = GenerationParams(**json.loads(meta[b"params"]))
+        prior = rec.answer
+        self.taken_over += 1
+        if self.on_takeover is not None:
+            self.on_takeover()
+        print(
+            f"stream {rec.id}: taken over after {len(prior)} tokens and {written} events "
+            f"(its generator's lease expired or was handed off){' (it was stopped: ending it)' if stopped else ''}",
+            flush=True,
+        )
+        texts = [json.loads(ev.data)["text"] for e in rec.events[1:] for ev in EventParser().feed(e)]
+        if stopped or max(len(prior), len(texts)) >= params.max_tokens:  # nothing more to generate: only the end
+            self.end(rec, written, "[DONE]")
+            return True
+        try:
+            if self.backend.pool is not None:  # an upstream continues the text so far
+                prompt = Prompt.loads(meta[b"prompt"])
+                job = await self.backend.open(prompt, params, "".join(texts), len(texts))
+            else:
+                job = self.backend.start([int(t) for t in meta[b"ids"].split()], params, prior)
+        except ProtocolError as e:
+            self.end(rec, written, json.dumps(error_body(e)), "error")
+            return True
+        rec.adopt(job)
+        self.mirror.own(rec, written)
+        self.pump(rec)
+        return True
+
+    def end(self, rec: Recording, written: int, data: str, event: str | None = None) -> None:
+        """A stream taken over that has nothing more to generate: only its end, written here."""
+        rec.add(data, event=event, last=True)
+        rec.end()
+        self.mirror.own(rec, written)

@@ -1,0 +1,82 @@
+"""/v1/: the OpenAI and Anthropic APIs, driven through their wire format objects.
+
+One handler serves both: the route names the format (streaming.wire.openai / .anthropic), which
+parses the request, shapes errors, and writes the whole answer or the stream's events; this
+module only starts the job and relays it as one Answer, with the same stop-on-leave as /stream
+and the request's stop strings. Leaves out what streaming.wire.apis leaves out.
+"""
+
+from __future__ import annotations
+
+from streaming.generation.job import Job
+from streaming.generation.prompts import Prompt
+from streaming.server.answer import Answer
+from streaming.server.context import Context
+from streaming.server.exchange import Exchange
+from streaming.wire import sse
+from streaming.wire.apis import ApiRequest, Format
+from streaming.wire.errors import ProtocolError
+from streaming.wire.stops import StopMatcher
+
+
+def model_id(ctx: Context) -> str:
+    """--served-model-name, else the backend's (the upstream's model, or the model's short name)."""
+    return ctx.config.served_model_name or ctx.backend.model_id()
+
+
+def route_format(ex: Exchange) -> Format:
+    assert ex.format is not None, "a /v1/ route names its wire format (routes.py)"
+    return ex.format
+
+
+async def models(ctx: Context, ex: Exchange) -> None:
+    ex.respond_json(200, {"object": "list", "data": [route_format(ex).models(model_id(ctx))]})
+
+
+async def answer(ctx: Context, ex: Exchange) -> None:
+    fmt = route_format(ex)
+    api = fmt.parse(ex.request.json())
+    job = await ctx.backend.open(Prompt(None, tuple(api.messages), api.continue_final), api.params)
+    if api.stream:
+        await stream(ctx, ex, fmt, api, job)
+    else:
+        await whole(ctx, ex, fmt, api, job)
+
+
+async def whole(ctx: Context, ex: Exchange, fmt: Format, api: ApiRequest, job: Job) -> None:
+    matcher, parts = StopMatcher(api.stop), []
+    async with Answer(ctx.answers, job, ex.request.path, watch=ex.conn, whole=True) as answer:
+        try:
+            async for piece in answer.pieces():
+                parts.append(matcher.push(piece))
+                if matcher.matched is not None:
+                    job.stop.set()
+                    break
+        except ProtocolError as e:  # the generation failed (an upstream too): the API's 500
+            raise ProtocolError(e.message, 500) from None
+        parts.append(matcher.flush())
+    if answer.left:
+        return
+    finish = fmt.finish(job.reason, matcher.matched)
+    ex.respond_json(200, fmt.whole(model_id(ctx), "".join(parts), finish, job.prompt_tokens, answer.produced))
+
+
+async def stream(ctx: Context, ex: Exchange, fmt: Format, api: ApiRequest, job: Job) -> None:
+    enc = fmt.stream(model_id(ctx), api, job.prompt_tokens)
+
+    async def ending(err: ProtocolError) -> None:
+        await ex.send(enc.error(err.message))
+
+    async def deliver(piece: str) -> bool:
+        return await ex.send(enc.text(piece))
+
+    async def keep_alive() -> bool:
+        return await ex.send(enc.keep_alive())
+
+    ex.start_stream(sse.RESPONSE_FIELDS, ending)
+    async with Answer(ctx.answers, job, ex.request.path, watch=ex.conn) as answer:
+        answer.left = not await ex.send(enc.start())
+        matched = await answer.relay(deliver, keep_alive, StopMatcher(api.stop)) if not answer.left else None
+    if not answer.left:
+        enc.prompt_tokens = job.prompt_tokens  # again: an upstream's count arrives with its last chunk
+        await ex.send(enc.end(fmt.finish(job.reason, matched), answer.produced))
