@@ -25,13 +25,15 @@ import lm
 from streaming.generation.backend import ENGINES
 from streaming.generation.batched import MAX_BATCH, PREFILL_CHUNK
 from streaming.generation.policy import PREFILL_BUDGET, SCHEDULES
-from streaming.generation.upstream.pool import Upstream
+from streaming.generation.upstream.pool import FIRST_TEXT, SILENCE, Upstream
+from streaming.server.answer import LOG_KEEP
 from streaming.server.config import (
     BACKLOG,
     BODY_MEMORY,
     KEEPALIVE_REQUESTS,
     KEEPALIVE_TIMEOUT,
     PING_SECONDS,
+    SHUTDOWN_END,
     SHUTDOWN_GRACE,
     WRITE_TIMEOUT,
     Config,
@@ -55,8 +57,10 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.queue and args.engine == "batched":
         p.error("--queue bounds a generation thread; use it with --engine thread")
-    if min(args.max_batch, args.prefill_chunk, args.prefill_budget, args.keepalive_requests) < 1:
-        p.error("--max-batch, --prefill-chunk, --prefill-budget and --keepalive-requests must be at least 1")
+    if min(args.max_batch, args.prefill_chunk, args.prefill_budget, args.keepalive_requests, args.log_keep) < 1:
+        p.error(
+            "--max-batch, --prefill-chunk, --prefill-budget, --keepalive-requests and --log-keep must be at least 1"
+        )
     if (args.engine == "upstream") != bool(args.upstream):
         p.error("--engine upstream and --upstream URL go together")
     for url in args.upstream:
@@ -85,6 +89,18 @@ def engine_options(g):
     )
     g.add_argument("--upstream-key", default=None, help="upstream: sent as Authorization: Bearer KEY")
     g.add_argument("--upstream-model", default=None, help="upstream: the model to ask for (default: the first listed)")
+    g.add_argument(
+        "--upstream-first-text",
+        type=float,
+        default=FIRST_TEXT,
+        help="upstream: 504 if its first text takes longer than S s (pings and empty chunks do not count)",
+    )
+    g.add_argument(
+        "--upstream-silence",
+        type=float,
+        default=SILENCE,
+        help="upstream: end the answer with an error after S s without text",
+    )
     g.add_argument("--max-batch", type=int, default=MAX_BATCH, help="batched: requests per step; more wait")
     g.add_argument(
         "--prefill-chunk", type=int, default=PREFILL_CHUNK, help="batched: a longer prompt joins alone, N tokens a step"
@@ -116,6 +132,13 @@ def limit_options(g):
     g.add_argument("--keepalive-timeout", type=float, default=KEEPALIVE_TIMEOUT, help="idle S s, then close")
     g.add_argument("--keepalive-requests", type=int, default=KEEPALIVE_REQUESTS, help="requests on one connection")
     g.add_argument("--shutdown-grace", type=float, default=SHUTDOWN_GRACE, help="on SIGTERM, let answers finish S s")
+    g.add_argument(
+        "--shutdown-end",
+        type=float,
+        default=SHUTDOWN_END,
+        help="after the grace, S s for the answers cut short to write their end (an error); then they are dropped",
+    )
+    g.add_argument("--log-keep", type=int, default=LOG_KEEP, help="answers GET /log keeps (the latest N)")
 
 
 def access_options(g):

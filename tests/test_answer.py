@@ -104,7 +104,7 @@ def test_a_whole_answer_relays_every_piece_and_is_logged_as_finished():
 
     a, answer, got = asyncio.run(run())
     assert got == ["a", "b", "c"] and not answer.left and answer.produced == 3
-    assert a.log == [["/stream", 3, False]] and len(answer.arrivals) == 3
+    assert list(a.log) == [["/stream", 3, False]] and len(answer.arrivals) == 3
     assert outcomes(a) == {("/stream", "finished"): 1.0}
 
 
@@ -126,7 +126,7 @@ def test_a_reader_who_leaves_stops_the_job_at_once_and_gets_no_end():
 
     a, answer, job = asyncio.run(run())
     assert answer.left and job.reason == "stopped" and answer.produced <= 7  # within a piece or two
-    assert a.log == [["/complete", answer.produced, True]]
+    assert list(a.log) == [["/complete", answer.produced, True]]
     assert outcomes(a) == {("/complete", "reader_left"): 1.0}
 
 
@@ -169,7 +169,7 @@ def test_a_stop_the_reader_says_is_logged_as_such_and_counted_stopped():
 
     a, answer = asyncio.run(run())
     assert not answer.left and answer.produced <= 5
-    assert a.log == [["/ws", answer.produced, True]]
+    assert list(a.log) == [["/ws", answer.produced, True]]
     assert outcomes(a) == {("/ws", "stopped"): 1.0}
 
 
@@ -238,6 +238,9 @@ class FakeConnection:
         self.out += data
         return True
 
+    async def drain(self, _timeout):
+        return True
+
     def stream_buffers(self):
         pass
 
@@ -275,7 +278,7 @@ def test_a_failed_job_is_a_500_in_the_familys_shape_before_the_head():
     head, body = head_and_body(conn.out)
     assert head.status == 500 and head.headers["connection"] == "close" and not ex.reusable
     assert b'"type": "server_error"' in body and b"generation failed: boom" in body
-    assert a.log == [["/v1/chat/completions", 1, False]]
+    assert list(a.log) == [["/v1/chat/completions", 1, False]]
     assert outcomes(a) == {("/v1/chat/completions", "error"): 1.0}
 
 

@@ -379,3 +379,101 @@ def test_sigterm_drains_then_ends_the_rest_with_an_error_and_logs_everything():
         assert len(logged) == 3, s.lines  # every request is in the log
     finally:
         s.stop()
+
+
+# --- round 3 (issue 21): keep-alive, whole answers and shutdown under attack ---------------------
+
+
+def test_a_client_that_pipelines_and_never_reads_is_dropped_by_the_write_timeout(guarded):
+    """990 pipelined GET /metrics on a 4 KiB receive buffer, never read: each connection was served
+    ~595 answers and then held open (48 s observed) before; now every answer goes out within
+    --write-timeout (1 s here), a whole one too, and the connection is dropped."""
+    port = guarded.port
+    one = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer k3y\r\n\r\n"
+    socks = []
+    for _ in range(3):
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect(("127.0.0.1", port))
+        s.sendall(one * 990)
+        socks.append(s)
+    t0 = time.monotonic()
+    assert wait_for(lambda: metrics_of(port)["open_connections"] <= 1, 20), metrics_of(port)
+    assert time.monotonic() - t0 < 15
+    for s in socks:
+        s.close()
+    fine(port, "k3y")
+
+
+def metrics_of(port):
+    return json.loads(http(port, "GET", "/metrics.json", headers=[("Authorization", "Bearer k3y")])[2])
+
+
+def wait_for(condition, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_the_log_keeps_the_latest_answers_only():
+    with ServerProcess("--engine", "free", "--log-keep", "5") as s:
+        s.wait()
+        for i in range(8):
+            http(s.port, "POST", "/complete", {"prompt": "Hi", "max_tokens": i + 1})
+        log = json.loads(http(s.port, "GET", "/log")[2])
+        assert [line[1] for line in log] == [4, 5, 6, 7, 8]  # the last five, in order
+        assert metrics_of_plain(s.port)["requests_logged"] == 5
+
+
+def metrics_of_plain(port):
+    return json.loads(http(port, "GET", "/metrics.json")[2])
+
+
+def test_an_empty_line_between_pipelined_requests_is_ignored(guarded):
+    """RFC 9112 §2.2: a server SHOULD ignore at least one empty line before a request line (a
+    client's CRLF after a body); it got a 400 before."""
+    one = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    with connect(guarded.port) as s:
+        s.sendall(one + b"\r\n" + one + b"\r\n\r\n" + one.replace(b"HTTP/1.1", b"HTTP/1.1", 1) + b"\n")
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        raw = read_all(s)
+    assert raw.count(b"HTTP/1.1 200 OK") == 4 and b"400" not in raw
+
+
+def test_every_answer_varies_by_origin_and_errors_carry_cors_too():
+    app = "http://app.example:3000"
+    with ServerProcess("--engine", "free", "--allow-origin", app) as s:
+        s.wait()
+        for origin in (app, "http://evil.example", None):
+            headers = [("Origin", origin)] if origin else []
+            status, h, _ = http(s.port, "POST", "/complete", {"prompt": "Hi", "max_tokens": 2}, headers)
+            assert status == 200 and h["vary"] == "Origin"  # a shared cache must not mix them up
+            assert ("access-control-allow-origin" in h) == (origin == app)
+        status, h, _ = http(s.port, "GET", "/nope", headers=[("Origin", app)])
+        assert status == 404 and h["access-control-allow-origin"] == app  # the page can read the error
+        head = f"GET /health HTTP/1.1\r\nHost: evil.example\r\nOrigin: {app}\r\n\r\n".encode()
+        status, h, _ = raw_request(s.port, head)
+        assert status == 421 and h["access-control-allow-origin"] == app
+
+
+def test_a_whole_answer_cut_by_the_shutdown_is_a_503():
+    """A /complete still generating when SIGTERM's grace runs out got no response at all before
+    (the stop read as "the reader left"); now it is a 503 in our shape, as the README says."""
+    s = ServerProcess("--token-delay", "0.05", "--shutdown-grace", "1").wait()
+    try:
+        with connect(s.port) as c:
+            body = json.dumps({"prompt": "Hi", "max_tokens": 300, "ignore_eos": True}).encode()
+            c.sendall(
+                b"POST /complete HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n" % len(body) + body
+            )
+            time.sleep(0.5)
+            s.proc.send_signal(signal.SIGTERM)
+            raw = read_all(c)
+        assert raw.startswith(b"HTTP/1.1 503") and b"shutting_down" in raw, raw[:300]
+        assert s.proc.wait(20) == 0
+    finally:
+        s.stop()

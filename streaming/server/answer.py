@@ -22,6 +22,7 @@ a recording).
 from __future__ import annotations
 
 import asyncio
+import collections
 import enum
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -35,6 +36,9 @@ from streaming.wire.errors import ProtocolError
 from streaming.wire.stops import StopMatcher
 
 SHUTTING_DOWN = "the server is shutting down"
+# Answers /log keeps, the latest: 10,000 lines are ~250 KB of JSON, a few ms to write at each GET
+# (unbounded, 40,000 requests made every GET /log a megabyte serialised on the event loop).
+LOG_KEEP = 10_000
 
 Deliver = Callable[[str], Awaitable[bool]]  # send a piece's text; False: the reader cannot take it
 KeepAlive = Callable[[], Awaitable[bool]]  # say something during silence; False: the reader is gone
@@ -59,9 +63,10 @@ class Early(enum.Enum):
 class Answers:
     """The answers of one server: their log, their metrics, and what the settings say of them."""
 
-    def __init__(self, metrics: Metrics, state: ServerState, ping: float, naive: bool) -> None:
+    def __init__(self, metrics: Metrics, state: ServerState, ping: float, naive: bool, keep: int = LOG_KEEP) -> None:
         self.metrics, self.state, self.ping, self.naive = metrics, state, ping, naive
-        self.log: list[list[Any]] = []  # [path, generated tokens, ended early], one per finished answer
+        # [path, generated tokens, ended early], one per finished answer: the last `keep` of them
+        self.log: collections.deque[list[Any]] = collections.deque(maxlen=keep)
 
     def cut(self, job: Job) -> ProtocolError | None:
         """The error an answer ends with if the shutdown stopped its job, else None (a job handed

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from streaming.generation.batched import MAX_BATCH, PREFILL_CHUNK
 from streaming.generation.job import JobOptions
 from streaming.generation.policy import PREFILL_BUDGET
+from streaming.generation.upstream.pool import FIRST_TEXT, SILENCE
+from streaming.server.answer import LOG_KEEP
 from streaming.server.resumable.recordings import GRACE_SECONDS, KEEP_COUNT, KEEP_SECONDS, ORPHANS
 from streaming.wire.http11 import REQUEST_TIMEOUT
 
@@ -22,6 +24,9 @@ BODY_MEMORY = 64 * 1024 * 1024  # bytes all request bodies still arriving may ho
 SHUTDOWN_GRACE = 30.0  # seconds in-flight answers may take to finish after SIGTERM
 KEEPALIVE_TIMEOUT = 5.0  # seconds an idle keep-alive connection waits for its next request (uvicorn's 5)
 KEEPALIVE_REQUESTS = 1000  # requests on one connection, then it closes (nginx's keepalive_requests)
+SHUTDOWN_END = (
+    5.0  # seconds the answers cut at the grace's end have to write their end (an error) before they are dropped
+)
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,8 @@ class Config:
     backlog: int = BACKLOG
     body_memory: int = BODY_MEMORY
     shutdown_grace: float = SHUTDOWN_GRACE
+    shutdown_end: float = SHUTDOWN_END
+    log_keep: int = LOG_KEEP  # answers GET /log keeps (the latest)
     keepalive_timeout: float = KEEPALIVE_TIMEOUT
     keepalive_requests: int = KEEPALIVE_REQUESTS
     token_delay: float = 0.0  # testing: sleep S s after each token
@@ -58,6 +65,8 @@ class Config:
     upstream: tuple[str, ...] = ()  # --engine upstream: OpenAI-compatible base URLs (http://host:8000/v1)
     upstream_key: str | None = None  # sent as `Authorization: Bearer` to the upstreams
     upstream_model: str | None = None  # the model to ask them for (default: the first they list)
+    upstream_first_text: float = FIRST_TEXT  # seconds an upstream may take to its first text: then 504
+    upstream_silence: float = SILENCE  # seconds an upstream may go without text mid-answer: then an error event
     store: str = "memory"  # or redis://HOST:PORT/DB: resumable streams shared by replicas (resumable/store.py)
 
     @property

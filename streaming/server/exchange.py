@@ -108,7 +108,7 @@ class Exchange:
         try:
             if self.progress is Progress.NOTHING:
                 self.conn.write(json_response(err.status, self.error_body(err), [*self.cors, *err.headers]))
-                await self.conn.writer.drain()
+                await self.conn.drain(self.write_timeout)
             elif self.ending is not None and not self.conn.gone:
                 await self.ending(err)
         except ConnectionError:

@@ -92,24 +92,29 @@ EXPOSED = "Content-Type, Retry-After, X-Accel-Buffering"  # what a streaming cli
 PREFLIGHT_SECONDS = "600"  # how long a browser may cache a preflight's answer
 
 
-def cors(request: Request, allowed: tuple[str, ...]) -> list[tuple[str, str]] | None:
-    """The CORS header fields for a request from another origin's page if --allow-origin lists
-    that origin (or *); None if it does not (then the browser keeps the answer from the page)."""
+def origin_allowed(request: Request, allowed: tuple[str, ...]) -> bool:
     origin = request.headers.get("origin")
-    if origin is None or not allowed:
+    return origin is not None and bool(allowed) and ("*" in allowed or origin in allowed)
+
+
+def cors(request: Request, allowed: tuple[str, ...]) -> list[tuple[str, str]]:
+    """The CORS header fields of an answer: with --allow-origin set, every answer varies by
+    Origin (else a shared cache could hand one origin's answer to another); a page of an origin
+    it lists (or *) may read the answer; any other origin's page may not (the browser keeps it)."""
+    if not allowed:
         return []
-    if "*" not in allowed and origin not in allowed:
-        return None
-    fields = [("Access-Control-Allow-Origin", origin), ("Vary", "Origin")]
-    return fields + [("Access-Control-Expose-Headers", EXPOSED)]
+    if not origin_allowed(request, allowed):
+        return [("Vary", "Origin")]
+    origin = request.headers["origin"]
+    return [("Access-Control-Allow-Origin", origin), ("Vary", "Origin"), ("Access-Control-Expose-Headers", EXPOSED)]
 
 
 def preflight(request: Request, allowed: tuple[str, ...], methods: tuple[str, ...]) -> list[tuple[str, str]]:
     """An OPTIONS preflight's answer: the methods of the route and the headers asked for; 403
     for an origin not allowed."""
-    fields = cors(request, allowed)
-    if not fields:
+    if not origin_allowed(request, allowed):
         raise ProtocolError(f"origin {request.headers.get('origin', '(none)')} is not allowed", 403)
+    fields = cors(request, allowed)
     asked = request.headers.get("access-control-request-headers", "")
     return fields + [
         ("Access-Control-Allow-Methods", ", ".join((*methods, "OPTIONS"))),

@@ -12,7 +12,6 @@ and whether the model has loaded. A bug costs one request (a 500, logged), never
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import sys
 
 from streaming.server.connection import BodyBudget, Connection
@@ -66,9 +65,9 @@ class HttpProtocol:
             finally:
                 state.idle.discard(task)
             reusable = await self.exchange(conn, keep_alive=n + 1 < config.keepalive_requests)
-            with contextlib.suppress(ConnectionError):
-                await conn.writer.drain()
-            if not reusable:
+            # Every answer goes out within --write-timeout, a whole one too: a client that
+            # pipelines requests and reads none of the answers is dropped, not served forever.
+            if not await conn.drain(config.write_timeout) or not reusable:
                 return
 
     async def exchange(self, conn: Connection, keep_alive: bool) -> bool:
@@ -96,13 +95,13 @@ class HttpProtocol:
 
     async def dispatch(self, ex: Exchange) -> None:
         request, ctx = ex.request, self.ctx
-        check_host(request, self.hosts)
         route = ROUTES.get(request.path)
+        if route is None or route.cors:  # (errors carry them too: a 404 and a 421 as well)
+            ex.cors = cors(request, self.config.allow_origin)
+        check_host(request, self.hosts)
         if route is None:
             raise ProtocolError(f"no such path: {request.path}", 404)
         ex.format = route.format  # the /v1/ family answers every error in its API's shape
-        if route.cors:
-            ex.cors = cors(request, self.config.allow_origin) or []
         if request.method == "OPTIONS":
             fields = preflight(request, self.config.allow_origin, route.methods)
             ex.cors = []

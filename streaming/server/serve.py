@@ -26,13 +26,20 @@ from streaming.server.resumable.streams import Streams
 from streaming.server.state import Phase, ServerState
 
 SHUTDOWN_JOIN = 5.0  # seconds to wait for generation to end at shutdown
-SHUTDOWN_END = 5.0  # seconds the answers still running after the grace have to write their end
 
 
 def build(config: Config, model: Model | None = None, backend: Backend | None = None) -> Context:
     """A server's parts: its backend (the engine, with `model` for a local one), its answers'
     log and metrics, its resumable streams (in memory, or shared through Redis), its state."""
-    pool = Pool(list(config.upstream), config.upstream_key, config.upstream_model) if config.upstream else None
+    pool = None
+    if config.upstream:
+        pool = Pool(
+            list(config.upstream),
+            config.upstream_key,
+            config.upstream_model,
+            config.upstream_first_text,
+            config.upstream_silence,
+        )
     backend = backend or Backend(
         config.engine,
         config.job_options(),
@@ -48,7 +55,7 @@ def build(config: Config, model: Model | None = None, backend: Backend | None = 
         waiting=backend.waiting,
         connections=lambda: len(state.connections),
     )
-    answers = Answers(metrics, state, config.ping, config.naive)
+    answers = Answers(metrics, state, config.ping, config.naive, config.log_keep)
     recordings = Recordings(config.resume_streams, config.resume_keep, config.resume_orphans)
     streams = Streams(recordings, answers)
     if config.replicated:
@@ -66,7 +73,8 @@ def build(config: Config, model: Model | None = None, backend: Backend | None = 
 async def shutdown(ctx: Context, listener: asyncio.Server) -> None:
     """Drain: accept no more; let the answers in flight finish for --shutdown-grace seconds;
     then stop the rest, which end as their endpoint says an error (an error event, a 503, a
-    close 1001) and are logged; cancel only what still runs after that."""
+    close 1001) and are logged, within --shutdown-end seconds; cancel what still runs after that
+    (a reader too slow to take its end within them is dropped without it)."""
     state = ctx.state
     listener.close()
     state.phase = Phase.DRAINING
@@ -81,12 +89,12 @@ async def shutdown(ctx: Context, listener: asyncio.Server) -> None:
     ctx.backend.stop_all()
     busy = state.connections | state.background
     if busy:
-        await asyncio.wait(busy, timeout=SHUTDOWN_END)
+        await asyncio.wait(busy, timeout=ctx.config.shutdown_end)
     tasks = list(state.connections | state.background)
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
-    await ctx.streams.close(SHUTDOWN_END)
+    await ctx.streams.close(ctx.config.shutdown_end)
     await ctx.backend.wait_all(SHUTDOWN_JOIN)
 
 

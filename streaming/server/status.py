@@ -49,7 +49,7 @@ async def ready(ctx: Context, ex: Exchange) -> None:
 
 
 async def log(ctx: Context, ex: Exchange) -> None:
-    ex.respond_json(200, ctx.answers.log)
+    ex.respond_json(200, list(ctx.answers.log))
 
 
 async def metrics(ctx: Context, ex: Exchange) -> None:

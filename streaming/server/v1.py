@@ -46,14 +46,11 @@ async def answer(ctx: Context, ex: Exchange) -> None:
 async def whole(ctx: Context, ex: Exchange, fmt: Format, api: ApiRequest, job: Job) -> None:
     matcher, parts = StopMatcher(api.stop), []
     async with Answer(ctx.answers, job, ex.request.path, watch=ex.conn, whole=True) as answer:
-        try:
-            async for piece in answer.pieces():
-                parts.append(matcher.push(piece))
-                if matcher.matched is not None:
-                    job.stop.set()
-                    break
-        except ProtocolError as e:  # the generation failed (an upstream too): the API's 500
-            raise ProtocolError(e.message, 500) from None
+        async for piece in answer.pieces():  # (a failure: a 500, or an upstream's 502/504, before any byte)
+            parts.append(matcher.push(piece))
+            if matcher.matched is not None:
+                job.stop.set()
+                break
         parts.append(matcher.flush())
     if answer.left:
         return

@@ -33,6 +33,7 @@ from streaming.wire.errors import ProtocolError
 MAX_HEAD = 16 * 1024  # request line + headers: 431. Browsers send 1-2 KB; 16 KiB leaves room for cookies.
 MAX_BODY = 1024 * 1024  # Content-Length body: 413. A prompt of 1 MiB is ~250k tokens, past any context here.
 REQUEST_TIMEOUT = 10.0  # seconds to receive a whole request: 408. Stops slow-loris clients holding sockets.
+EMPTY_LINES = 8  # empty lines ignored before a request line (RFC 9112 §2.2: at least one): past it, 400
 
 DIGITS = re.compile(r"[0-9]{1,15}")  # a Content-Length: ASCII digits (str.isdigit takes "²"), 15 is past any limit
 TOKEN = re.compile(rb"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")  # RFC 9110 §5.6.2: method and field names
@@ -100,6 +101,8 @@ class RequestParser:
     def next_request(self) -> Request | None:
         """A complete Request, or None if more bytes are needed. Raises ProtocolError."""
         if self.head is None:
+            if not self.skip_empty_lines():
+                return None
             end = HEAD_END.search(self.buffer, self.scanned, self.max_head + 4)
             if end is None:
                 if len(self.buffer) > self.max_head:
@@ -116,6 +119,24 @@ class RequestParser:
         request.body, self.trailing = bytes(self.buffer[:length]), bytes(self.buffer[length:])
         self.buffer.clear()
         return request
+
+    def skip_empty_lines(self) -> bool:
+        """Drop the empty lines a client may send before a request line (a CRLF after the last
+        request's body, RFC 9112 §2.2); whether something else has arrived."""
+        skipped = 0
+        while self.buffer and self.buffer[0] in b"\r\n":
+            if self.buffer.startswith(b"\r\n"):
+                del self.buffer[:2]
+            elif self.buffer[0] == 0x0A:  # a bare LF ends a line too (§2.2)
+                del self.buffer[:1]
+            elif len(self.buffer) == 1:
+                return False  # a lone CR: its LF may follow
+            else:
+                raise ProtocolError("malformed request line", 400)
+            skipped += 1
+            if skipped > EMPTY_LINES:
+                raise ProtocolError("empty lines instead of a request", 400)
+        return bool(self.buffer)
 
     def expects_continue(self) -> bool:
         """Whether the client waits for `100 Continue` before sending its body (RFC 9110 §10.1.1)."""
@@ -362,7 +383,7 @@ class ResponseReader:
         lines = bytes(self.buffer[: end.start()]).decode("latin-1").replace("\r\n", "\n").split("\n")
         del self.buffer[: end.end()]
         parts = lines[0].split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit() or len(parts[1]) != 3:
+        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not re.fullmatch("[0-9]{3}", parts[1]):
             raise ProtocolError(f"malformed status line {lines[0][:40]!r}")
         headers: dict[str, str] = {}
         for line in lines[1:]:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import codecs
 from dataclasses import dataclass
 
+from streaming.wire.errors import ProtocolError
+
 # The head of every event-stream response: no caching, and `X-Accel-Buffering: no`, which nginx
 # (and proxies that copy it) honor to pass each event on at once instead of buffering.
 RESPONSE_FIELDS = [
@@ -52,15 +54,24 @@ class Event:
     retry: int | None = None
 
 
-class EventParser:
-    """Bytes of an event stream in, Events out (WHATWG's "interpret an event stream")."""
+MAX_EVENT = 1024 * 1024  # characters of one line, and of one event's data: past either, the peer is broken
 
-    def __init__(self) -> None:
+
+class EventParser:
+    """Bytes of an event stream in, Events out (WHATWG's "interpret an event stream"), each byte
+    looked at once however the stream is split. A line or an event's data longer than `max_event`
+    characters is a ProtocolError (`status`: what the caller's peer is told, 502 for an upstream's
+    stream): a stream must not make its reader hold more than that."""
+
+    def __init__(self, max_event: int = MAX_EVENT, status: int = 502) -> None:
         self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        self.pending = ""  # text of an unfinished line
+        self.max_event, self.status = max_event, status
+        self.pending: list[str] = []  # the pieces of an unfinished line
+        self.pending_size = 0
         self.after_cr = False  # the last chunk ended in CR: an LF next belongs to it
         self.first = True  # a leading byte-order mark is dropped
         self.data: list[str] = []
+        self.data_size = 0
         self.type, self.last_id = "", ""
         self.retry: int | None = None
 
@@ -71,16 +82,29 @@ class EventParser:
             text, self.first = text.removeprefix("\ufeff"), False
         if self.after_cr and text.startswith("\n"):
             text = text[1:]
-        if text:
-            self.after_cr = text.endswith("\r")
-        lines = (self.pending + text).replace("\r\n", "\n").replace("\r", "\n").split("\n")
-        self.pending = lines.pop()
+        if not text:
+            return []
+        self.after_cr = text.endswith("\r")
+        lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+        last = lines.pop()  # the unfinished line (or "" after a line end)
         events: list[Event] = []
         for line in lines:
+            self.check(self.pending_size + len(line), "a line")
+            if self.pending:
+                line = "".join(self.pending) + line
+                self.pending, self.pending_size = [], 0
             ev = self.line(line)
             if ev is not None:
                 events.append(ev)
+        if last:
+            self.check(self.pending_size + len(last), "a line")
+            self.pending.append(last)
+            self.pending_size += len(last)
         return events
+
+    def check(self, size: int, what: str) -> None:
+        if size > self.max_event:
+            raise ProtocolError(f"{what} of an event stream over {self.max_event} characters", self.status)
 
     def line(self, line: str) -> Event | None:
         if line == "":  # dispatch
@@ -88,7 +112,7 @@ class EventParser:
                 self.type = ""
                 return None
             ev = Event("\n".join(self.data), self.type or "message", self.last_id, self.retry)
-            self.data, self.type = [], ""
+            self.data, self.data_size, self.type = [], 0, ""
             return ev
         if line.startswith(":"):
             return None
@@ -96,17 +120,20 @@ class EventParser:
         if colon and value.startswith(" "):
             value = value[1:]
         if name == "data":
+            self.check(self.data_size + len(value) + 1, "the data of an event")
             self.data.append(value)
+            self.data_size += len(value) + 1
         elif name == "event":
             self.type = value
         elif name == "id":
             if "\0" not in value:
                 self.last_id = value
         elif name == "retry":
-            if value.isdigit():
+            if value.isascii() and value.isdigit() and len(value) < 10:
                 self.retry = int(value)
         return None  # other field names are ignored
 
     def close(self) -> None:
         """The stream ended: an event without its blank line is discarded, per the spec."""
-        self.data, self.type, self.pending = [], "", ""
+        self.data, self.data_size, self.type = [], 0, ""
+        self.pending, self.pending_size = [], 0

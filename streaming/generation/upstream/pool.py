@@ -25,6 +25,13 @@ from streaming.wire.errors import ProtocolError
 from streaming.wire.http11 import Response
 
 CONNECT_TIMEOUT = 5.0  # seconds to connect to an upstream (and for a probe's answer) before trying the next
+# An upstream's answer must show text within FIRST_TEXT seconds of the request (its head, any
+# comments and empty chunks included: a long prompt's prefill on a loaded engine fits), and then
+# never go more than SILENCE seconds without text; past either it is a 504 (before any text) or
+# the answer's error event. Pings do not count: an upstream that sends only comments would
+# otherwise hold its reader forever.
+FIRST_TEXT = 30.0
+SILENCE = 30.0
 TAKE_OUT = 2.0  # seconds a failed upstream is left out at first, doubling while it keeps failing
 MAX_OUT = 60.0
 PROBE_EVERY = 1.0  # seconds between probes of the upstreams left out
@@ -127,11 +134,19 @@ PROBE_FAILURES = (UpstreamError, ProtocolError, OSError, asyncio.TimeoutError)
 class Pool:
     """The upstreams: least in flight first, failed ones left out and probed back."""
 
-    def __init__(self, urls: list[str], key: str | None = None, model: str | None = None) -> None:
+    def __init__(
+        self,
+        urls: list[str],
+        key: str | None = None,
+        model: str | None = None,
+        first_text: float = FIRST_TEXT,
+        silence: float = SILENCE,
+    ) -> None:
         if not urls:
             raise ValueError("--engine upstream needs at least one --upstream URL")
         self.upstreams = [Upstream(u) for u in urls]
         self.key, self.model = key, model
+        self.first_text, self.silence = first_text, silence
         self.prober: asyncio.Task[None] | None = None
 
     def order(self) -> list[Upstream]:

@@ -28,19 +28,26 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from typing import Any
+import time
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
 
 from streaming import http_client
-from streaming.generation.job import Job, Piece, StopFlag
+from streaming.generation.job import Item, Job, Piece, StopFlag
 from streaming.generation.upstream.pool import Pool, Upstream, UpstreamError, connect, refusal, request_bytes
 from streaming.wire.errors import ProtocolError
-from streaming.wire.http11 import Response
 from streaming.wire.openai import read_chunk
 from streaming.wire.sse import EventParser
 
-FIRST_BYTE_TIMEOUT = 60.0  # seconds for an upstream's response head: a long prompt's prefill fits
-READ_TIMEOUT = 120.0  # seconds an upstream may be silent mid-answer (engines ping rarely, if ever)
 ERROR_BODY = 64 * 1024  # bytes of an upstream's error answer read for its message
+# Pieces relayed ahead of the reader: past them the relay stops reading the upstream until the
+# reader takes some (TCP then holds the upstream back), as a local engine's queue holds a thread.
+AHEAD = 64
+# An answer's characters per token allowed, at most: the longest tokens of common vocabularies are
+# runs of ~100 spaces or dashes, so an answer past 256 characters a token is not text; with
+# max_tokens it bounds what one answer can make this server hold (4,096 tokens: 1 M characters).
+MAX_CHARS_PER_TOKEN = 256
+T = TypeVar("T")
 
 
 class UpstreamStop(StopFlag):
@@ -64,8 +71,11 @@ class UpstreamJob(Job):
     ) -> None:
         super().__init__([], *args, **kw)
         self.pool, self.messages, self.so_far = pool, messages, so_far
-        self.produced = pieces  # an answer continued: the pieces sent already count as its tokens
+        self.produced = self.prior_pieces = pieces  # an answer continued: the pieces sent count as its tokens
         self.usage_tokens: int | None = None
+        self.chars = len(so_far)  # the answer's characters so far, against MAX_CHARS_PER_TOKEN
+        self.room = asyncio.Event()  # set when the reader has taken pieces (backpressure)
+        self.deadline = 0.0  # time.monotonic() by which the upstream must send text
         self.stop = UpstreamStop(self)
         self.task: asyncio.Task[None] | None = None
         self.opened: asyncio.Future[None] = self.loop.create_future()  # the upstream answered 200 (or all failed)
@@ -74,6 +84,12 @@ class UpstreamJob(Job):
         super().start()
         self.task = self.loop.create_task(self.feed())
         return self
+
+    async def get(self) -> Item:
+        item = await super().get()
+        if self.out.qsize() < AHEAD:
+            self.room.set()
+        return item
 
     def cancel(self) -> None:
         if self.task is not None and not self.task.done():
@@ -141,10 +157,11 @@ class UpstreamJob(Job):
     async def one(self, u: Upstream, model: str) -> None:
         """One try on one upstream: its answer's pieces into the job, then its end."""
         reader, writer = await connect(u)
+        self.deadline = time.monotonic() + self.pool.first_text
         try:
             writer.write(request_bytes(u, "POST", "/chat/completions", self.body(model), self.pool.key))
-            reply = http_client.Reply(reader, READ_TIMEOUT)
-            head = await self.read_head(u, reply)
+            reply = http_client.Reply(reader)
+            head = await self.read(u, reply.read_head())
             if head.status != 200:
                 raise refusal(u, head.status, await self.read(u, reply.body(ERROR_BODY)))
             if not self.opened.done():
@@ -153,45 +170,52 @@ class UpstreamJob(Job):
         finally:
             writer.close()
 
-    async def read_head(self, u: Upstream, reply: http_client.Reply) -> Response:
+    async def read(self, u: Upstream, step: Awaitable[T]) -> T:
+        """Await one step of reading the upstream by the text deadline; its failures as
+        UpstreamErrors (the parser's ProtocolError would say 400, as if the reader were at fault)."""
         try:
-            return await asyncio.wait_for(self.read(u, reply.read_head()), FIRST_BYTE_TIMEOUT)
-        except asyncio.TimeoutError:
-            raise UpstreamError(f"upstream {u.url} did not answer in {FIRST_BYTE_TIMEOUT:g} s", 504) from None
-
-    async def read(self, u: Upstream, step: Any) -> Any:
-        """Await one step of reading the upstream; its failures as UpstreamErrors (the parser's
-        ProtocolError would say 400, as if the reader were at fault)."""
-        try:
-            return await step
+            return await asyncio.wait_for(step, max(0.0, self.deadline - time.monotonic()))
         except ProtocolError as e:
             raise UpstreamError(f"upstream {u.url} sent a broken answer: {e.message}") from None
         except asyncio.TimeoutError:
-            raise UpstreamError(f"upstream {u.url} was silent for {READ_TIMEOUT:g} s", 504) from None
+            if self.produced == self.prior_pieces:
+                raise UpstreamError(f"upstream {u.url} sent no text in {self.pool.first_text:g} s", 504) from None
+            raise UpstreamError(f"upstream {u.url} sent no text for {self.pool.silence:g} s", 504) from None
         except OSError as e:
             raise UpstreamError(f"upstream {u.url} broke the connection: {e}") from None
 
     async def relay(self, u: Upstream, reply: http_client.Reply) -> None:
-        events, reason = EventParser(), None
-        chunks = reply.chunks()
+        events, reason = EventParser(status=502), None
+        chunks: AsyncIterator[bytes] = reply.chunks()
         while True:
+            if self.out.qsize() >= AHEAD:  # the reader is behind: read no more until it catches up
+                self.room.clear()
+                await self.room.wait()
+                self.deadline = max(self.deadline, time.monotonic() + self.pool.silence)
             try:
-                data = await self.read(u, chunks.__anext__())
+                data = await self.read(u, anext(chunks))
             except StopAsyncIteration:  # `transformers serve` ends after its finish_reason, without [DONE]
                 if reason is None:
-                    raise UpstreamError(
-                        f"upstream {u.url} ended its answer without a finish_reason or [DONE]"
-                    ) from None
+                    message = f"upstream {u.url} ended its answer without a finish_reason or [DONE]"
+                    raise UpstreamError(message) from None
                 self.finish_as(reason)
                 return
-            for ev in events.feed(data):
+            try:
+                parsed = events.feed(data)
+            except ProtocolError as e:  # a line or an event past the parser's limit
+                raise UpstreamError(f"upstream {u.url} sent a broken answer: {e.message}") from None
+            for ev in parsed:
                 if ev.data == "[DONE]":
                     self.finish_as(reason or "stopped")
                     return
                 reason = self.chunk(ev.data, u) or reason
+                if reason == "cut":  # more text than max_tokens allows: the answer ends here
+                    self.finish_as("length")
+                    return
 
     def chunk(self, data: str, u: Upstream) -> str | None:
-        """One Chat Completions chunk: its text piece, usage, and finish reason (eos/length)."""
+        """One Chat Completions chunk: its text piece, usage, and finish reason (eos/length; "cut"
+        when the upstream sends text past max_tokens or past MAX_CHARS_PER_TOKEN a token)."""
         try:
             chunk = read_chunk(data)
         except ProtocolError as e:
@@ -199,14 +223,33 @@ class UpstreamJob(Job):
         if chunk.error is not None:
             raise UpstreamError(f"upstream {u.url} failed mid-answer: {chunk.error}")
         if chunk.usage is not None:
-            self.prompt_tokens = chunk.usage.get("prompt_tokens") or self.prompt_tokens
-            self.usage_tokens = chunk.usage.get("completion_tokens")
+            self.usage(chunk.usage, u)
         if chunk.text:
+            limit = self.params.max_tokens
+            self.chars += len(chunk.text)
+            if self.produced >= limit or self.chars > limit * MAX_CHARS_PER_TOKEN:
+                print(f"upstream {u.url} sent more than max_tokens {limit} allows: the answer ends here", flush=True)
+                return "cut"
             self.produced += 1
             self.out.put_nowait(Piece.of(chunk.text, []))
+            self.deadline = time.monotonic() + self.pool.silence
         if chunk.finish:
             return "length" if chunk.finish == "length" else "eos"
         return None
+
+    def usage(self, usage: dict[str, Any], u: Upstream) -> None:
+        """An upstream's counts, where they are counts (a token count is a whole number >= 0);
+        else ours, from the pieces, with a warning."""
+        for name in ("prompt_tokens", "completion_tokens"):
+            value = usage.get(name)
+            if value is None:
+                continue
+            if type(value) is not int or value < 0:
+                print(f"upstream {u.url} sent usage {name}={value!r}: not a count, ignored", flush=True)
+            elif name == "prompt_tokens":
+                self.prompt_tokens = value or self.prompt_tokens
+            else:
+                self.usage_tokens = value
 
     def finish_as(self, reason: str) -> None:
         if self.ended.is_set():

@@ -15,7 +15,7 @@ import asyncio
 from streaming.generation.prompts import Prompt
 from streaming.server.context import Context
 from streaming.server.exchange import Exchange
-from streaming.server.resumable.recordings import RETRY_MS, Recording
+from streaming.server.resumable.recordings import RETRY_MS, Recording, valid_id
 from streaming.wire import sse
 from streaming.wire.errors import ProtocolError
 from streaming.wire.http11 import Request
@@ -65,6 +65,7 @@ async def follow(ctx: Context, ex: Exchange, rec: Recording, after: int) -> None
                 if not await ex.send(rec.events[k]):
                     return
                 k, sent = k + 1, sent + 1
+                rec.sent(k)
                 if config.drop_after and sent >= config.drop_after and not (rec.ended and k == len(rec.events)):
                     conn.writer.transport.abort()  # testing: the network blinks
                     return
@@ -85,7 +86,7 @@ async def follow(ctx: Context, ex: Exchange, rec: Recording, after: int) -> None
 async def stop(ctx: Context, ex: Exchange) -> None:
     """POST /stop {"id": stream}: end a resumable stream's generation now."""
     stream_id = ex.request.json().get("id")
-    stopped = await ctx.streams.stop(stream_id) if isinstance(stream_id, str) else None
+    stopped = await ctx.streams.stop(stream_id) if isinstance(stream_id, str) and valid_id(stream_id) else None
     if stopped is None:
         raise ProtocolError("no such stream (or it was forgotten)", 404)
     ex.respond_json(200, {"id": stream_id, "stopped": stopped})

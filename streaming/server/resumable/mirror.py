@@ -7,6 +7,9 @@ prompt and parameters with the first, and releases the lease after the last. Eve
 `renew()` renews the leases of the live streams (with their keys' time to live). A write refused
 because the entry is there already, or a lease found taken, means another replica took the
 stream over: `lost()` stops it here without an end, so its readers reconnect and are served there.
+But an entry that is there already with this replica's own bytes is this replica's: a write that
+timed out (Redis paused) and ran when Redis woke. Those are taken as written, and the mirror goes
+on; only a different entry, or a lease in another's name, is a rival.
 At shutdown `hand_off()` stops every live stream the same way, for another replica to take over.
 
 Redis going away stops nothing that is live: the mirror retries every RETRY seconds and catches
@@ -32,6 +35,7 @@ from streaming.server.resumable.store import (
     RENEW,
     RENEW_SCRIPT,
     RETRY,
+    Gap,
     RedisStore,
     entry_number,
     key,
@@ -66,15 +70,24 @@ class Mirror:
             try:
                 written = await self.write(rec, written, meta)
                 meta = False
-            except ResponseError as e:  # event `written` is there already: another replica writes it
+            except ResponseError as e:  # event `written` is there already: ours (a late write), or a rival's
+                ours = await self.agreed(rec, written)
+                if ours is not None:
+                    written = ours
+                    continue
                 print(f"stream {rec.id}: another replica took it over ({e}): stopping here", flush=True)
                 self.lost(rec)
                 return
             except (RedisError, OSError) as e:
                 store.failed(f"writing stream {rec.id}", e)
-                await asyncio.sleep(RETRY)
-                written = await self.written(rec.id, written)
-                meta = meta or written == 0  # a Redis that came back empty: the stream again from the start
+                # Write nothing more until Redis says what it holds: it may have come back
+                # empty (then the stream again from the start, prompt and lease first).
+                while True:
+                    await asyncio.sleep(RETRY)
+                    if (held := await self.held(rec.id)) is not None:
+                        break
+                written, has_meta = held
+                meta = meta or not has_meta
         self.owned.pop(rec.id, None)
         try:
             await store.redis.eval(RELEASE_SCRIPT, 1, key("l", rec.id), store.name)
@@ -111,13 +124,36 @@ class Mirror:
         await pipe.execute()
         return end
 
-    async def written(self, stream_id: str, guess: int) -> int:
-        """How many events of a stream Redis holds (after a failed write, some may be there)."""
+    async def agreed(self, rec: Recording, written: int) -> int | None:
+        """After Redis refused event `written` (an entry is there already): how many events it
+        holds if every entry from there on is this recording's own, byte for byte (writes of ours
+        that ran late), else None (another replica writes this stream)."""
+        try:
+            entries = await self.store.entries(rec.id, written)
+        except (RedisError, OSError) as e:
+            self.store.failed(f"reading back stream {rec.id}", e)
+            return written  # try the write again: Redis will say
+        k = written
+        try:
+            for entry_id, fields in entries:
+                if entry_number(entry_id) != k + 1 or k >= len(rec.events) or fields.get(b"e") != rec.events[k]:
+                    return None
+                k += 1
+        except Gap:
+            return None
+        return k if k > written else None
+
+    async def held(self, stream_id: str) -> tuple[int, bool] | None:
+        """How many events of a stream Redis holds, and whether it holds its prompt (after a
+        failed write some may be there, or none: a Redis restarted empty); None if it cannot say."""
         try:
             last = await self.store.last_entry(stream_id)
+            has_meta = bool(await self.store.redis.exists(key("m", stream_id)))
+            return (entry_number(last[0]) if last else 0), has_meta
+        except Gap:
+            return 0, False
         except (RedisError, OSError):
-            return guess
-        return entry_number(last[0]) if last else 0
+            return None
 
     def lost(self, rec: Recording) -> None:
         """Another replica generates this stream now: stop here without an end, so the readers

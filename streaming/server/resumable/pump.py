@@ -2,16 +2,27 @@
 (or nobody, for a while), as one Answer (streaming/server/answer.py), then its end: `[DONE]`, or
 an error event (the job's failure, or the shutdown's cut). A job handed off to another replica
 (shutdown, or a stream taken over) ends without an end event: its readers reconnect, and the
-replica that takes it over writes the rest."""
+replica that takes it over writes the rest.
+
+While more than UNREAD events are in the recording that no reader has been sent, the pump takes
+no more pieces from its job (until a reader catches up, or the job is stopped or ends): an
+upstream relay then stops reading its upstream (relay.AHEAD), so a stream whose reader left
+costs a bounded amount until its grace runs out. A local engine's job queues its tokens
+meanwhile (at most max_tokens of them).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
-from streaming.generation.job import Piece
+from streaming.generation.job import Job, Piece
 from streaming.server.answer import Answer, Answers, Early
 from streaming.server.resumable.recordings import Recording
 from streaming.wire.errors import ProtocolError, error_body
+
+UNREAD = 256  # events recorded ahead of every reader before the pump waits for one
+RECHECK = 0.5  # seconds between looks at the job's stop flag while waiting (a thread sets it)
 
 
 async def pump(answers: Answers, rec: Recording) -> None:
@@ -21,6 +32,7 @@ async def pump(answers: Answers, rec: Recording) -> None:
         async with Answer(answers, job, "/stream", early=Early.STOPPED) as answer:
             async for piece in answer.pieces():
                 rec.add(json.dumps({"text": piece}), ids=piece.ids if isinstance(piece, Piece) else ())
+                await room(rec, job)
     except ProtocolError as e:
         rec.add(json.dumps(error_body(e)), event="error", last=True)
     else:
@@ -28,3 +40,12 @@ async def pump(answers: Answers, rec: Recording) -> None:
             rec.add("[DONE]", last=True)
     finally:
         rec.end()
+
+
+async def room(rec: Recording, job: Job) -> None:
+    """Wait while the recording is UNREAD events ahead of its readers and its job goes on."""
+    while rec.unread > UNREAD and not job.stop.is_set() and not job.ended.is_set():
+        try:
+            await asyncio.wait_for(rec.moved.wait(), RECHECK)
+        except asyncio.TimeoutError:
+            pass

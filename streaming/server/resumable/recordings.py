@@ -22,6 +22,7 @@ this replica may take over (`adopt`: then it has a job and grows as its own).
 from __future__ import annotations
 
 import asyncio
+import re
 import secrets
 import time
 from collections import OrderedDict
@@ -35,6 +36,10 @@ KEEP_SECONDS = 300.0  # how long an ended stream can still be resumed: longer th
 GRACE_SECONDS = 10.0  # how long generation waits for a reader to come back (EventSource retries in ~3 s)
 ORPHANS = 16  # live streams without a reader: past it the oldest stops now, not after the grace
 RETRY_MS = 1000  # sent as `retry:`: how soon EventSource reconnects after a drop
+# A stream id as new_id() makes them (URL-safe base64), or a longer one of the same letters; any
+# other value is not one of ours, and is answered as unknown without asking the store.
+STREAM_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+EVENT_NUMBER = re.compile(r"[0-9]{1,9}")  # ASCII digits only: str.isdigit() takes "²", which int() refuses
 
 
 def new_id() -> str:
@@ -42,10 +47,15 @@ def new_id() -> str:
     return secrets.token_urlsafe(9)
 
 
+def valid_id(stream_id: object) -> bool:
+    """Whether a value from a request could be one of our stream ids."""
+    return isinstance(stream_id, str) and STREAM_ID.fullmatch(stream_id) is not None
+
+
 def parse_event_id(value: str) -> tuple[str, int] | None:
     """(stream id, event number) from 'S.k', or None if it is not one of ours."""
     stream, dot, number = value.strip().rpartition(".")
-    if not dot or not stream or not number.isdigit() or len(number) > 9:
+    if not dot or not valid_id(stream) or not EVENT_NUMBER.fullmatch(number):
         return None
     return stream, int(number)
 
@@ -62,6 +72,8 @@ class Recording:
         self.grew = asyncio.Event()  # set (and replaced) whenever an event is added
         self.readers = 0
         self.grace: asyncio.TimerHandle | None = None  # stops generation when nobody came back
+        self.read_to = 0  # events any reader has been sent: the furthest one's count
+        self.moved = asyncio.Event()  # set (and replaced) whenever read_to grows
 
     def add(self, data: str, event: str | None = None, ids: Iterable[int] = (), last: bool = False) -> None:
         self.append(sse.event(data, event=event, id=f"{self.id}.{len(self.events)}"), ids, last)
@@ -73,6 +85,18 @@ class Recording:
         self.last = self.last or last
         self.grew.set()
         self.grew = asyncio.Event()
+
+    def sent(self, k: int) -> None:
+        """A reader has been sent events 0..k-1."""
+        if k > self.read_to:
+            self.read_to = k
+            self.moved.set()
+            self.moved = asyncio.Event()
+
+    @property
+    def unread(self) -> int:
+        """Events no reader has been sent yet."""
+        return len(self.events) - self.read_to
 
     def end(self) -> None:
         self.ended_at = time.monotonic()

@@ -12,7 +12,13 @@ Per stream S (every key lives --resume-keep seconds after its last write):
     streaming:k:S   set by POST /stop on any replica: a taker must not go on generating
 
 and a channel per replica, streaming:ctl:NAME, that only it subscribes to (control.py).
-Leaves out Redis Cluster and Sentinel (one Redis, or a proxy; docs/scaling.md says what a
+
+Retries are ours, not the client's: redis-py retries a command that timed out (ten times by
+default), but a write that timed out while Redis was paused still runs when it wakes, so a retry
+would meet its own first attempt. Here every command fails at once after TIMEOUT; the mirror
+tries again every RETRY seconds after reading what Redis holds (and takes an entry that is there
+already with its own bytes as its own: mirror.py), leases are renewed again the next second, the
+listener resubscribes, and a view's watch backs off. Leaves out Redis Cluster and Sentinel (one Redis, or a proxy; docs/scaling.md says what a
 cluster would need).
 """
 
@@ -26,6 +32,8 @@ from collections.abc import Callable, Coroutine
 from typing import Any, cast
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from streaming.wire.errors import ProtocolError
 from streaming.wire.params import MAX_TOKENS
@@ -83,9 +91,26 @@ def unavailable() -> ProtocolError:
     )
 
 
+class Gap(Exception):
+    """The store's entries of a stream do not follow on from what this replica has: Redis lost
+    some (it restarted empty, or someone trimmed the stream), or an entry is not one of ours."""
+
+
 def entry_number(entry_id: bytes) -> int:
     """k + 1 of the entry 0-(k+1) that holds event k."""
-    return int(entry_id.split(b"-")[1])
+    millis, _, number = entry_id.partition(b"-")
+    if millis != b"0" or not number.isdigit():
+        raise Gap(f"an entry id that is not one of ours: {entry_id[:40]!r}")
+    return int(number)
+
+
+def lost_part(stream_id: str) -> ProtocolError:
+    return ProtocolError(
+        f"the stream store (Redis) lost part of stream {stream_id}: it cannot be resumed",
+        503,
+        close_code=1011,
+        kind="store_unavailable",
+    )
 
 
 class RedisStore:
@@ -93,7 +118,9 @@ class RedisStore:
     failures: each counted, told to `on_error` (the metric) and logged in one line."""
 
     def __init__(self, url: str, keep: float, name: str | None = None, on_error: Callable[[], None] | None = None):
-        self.redis = aioredis.Redis.from_url(url, socket_timeout=TIMEOUT, socket_connect_timeout=TIMEOUT)
+        self.redis = aioredis.Redis.from_url(
+            url, socket_timeout=TIMEOUT, socket_connect_timeout=TIMEOUT, retry=Retry(NoBackoff(), 0)
+        )
         self.keep_ms = int(keep * 1000)
         self.live_ms = max(self.keep_ms, LEASE_MS)  # a live stream's keys outlive a renewal missed or two
         self.append = self.redis.register_script(APPEND_SCRIPT)  # EVALSHA, loaded on first use

@@ -21,7 +21,7 @@ from streaming.server.answer import Answers
 from streaming.server.resumable.control import Control
 from streaming.server.resumable.mirror import Mirror
 from streaming.server.resumable.pump import pump
-from streaming.server.resumable.recordings import Recording, Recordings
+from streaming.server.resumable.recordings import Recording, Recordings, parse_event_id
 from streaming.server.resumable.store import RedisStore
 from streaming.server.resumable.takeover import Takeover
 
@@ -96,6 +96,12 @@ class Streams:
         503 if the stream may be on another replica and Redis cannot be reached)."""
         found = self.recordings.find(event_id)
         if found is None and self.replication is not None:  # perhaps generated on another replica
+            parsed = parse_event_id(event_id)
+            rec = self.recordings.get(parsed[0]) if parsed is not None else None
+            if rec is not None and rec.ended and not rec.last:
+                # Handed off or lost here, unfinished: its rest is (or will be) another
+                # replica's, in Redis. Never 204 for a stream that has not ended.
+                self.recordings.drop(rec.id)
             found = await self.replication.takeover.find(event_id)
         return found
 

@@ -35,9 +35,11 @@ from streaming.server.resumable.store import (
     RENEW,
     RETRY,
     Entry,
+    Gap,
     RedisStore,
     entry_number,
     key,
+    lost_part,
     unavailable,
 )
 from streaming.wire.errors import ProtocolError, error_body
@@ -49,13 +51,25 @@ LOST = ProtocolError("the stream's generator is gone and the store lost its prom
 
 
 def fill(rec: Recording, entries: list[Entry]) -> None:
-    """Append entries (0-(k+1), fields) to a view, in order, skipping any it has."""
+    """Append entries (0-(k+1), fields) to a view, in order, skipping any it has. Raises Gap if
+    they do not follow on from it (Redis lost some) or one is not an event of ours."""
     for entry_id, fields in entries:
-        if entry_number(entry_id) == len(rec.events) + 1:
-            ids = tuple(int(t) for t in fields.get(b"t", b"").split())
-            rec.append(fields[b"e"], ids, last=b"x" in fields)
+        n = entry_number(entry_id)
+        if n <= len(rec.events):
+            continue
+        ids = fields.get(b"t", b"").split()
+        if n != len(rec.events) + 1 or b"e" not in fields or not all(t.isdigit() for t in ids):
+            raise Gap(f"stream {rec.id}: entry {n} after {len(rec.events)} events")
+        rec.append(fields[b"e"], tuple(int(t) for t in ids), last=b"x" in fields)
     if rec.last and not rec.ended:
         rec.end()
+
+
+def broken(rec: Recording, err: ProtocolError) -> None:
+    """A view that cannot go on: its readers get the events it has, then an error event."""
+    print(f"stream {rec.id}: {err.message}", flush=True)
+    rec.add(json.dumps(error_body(err)), event="error", last=True)
+    rec.end()
 
 
 class Takeover:
@@ -96,7 +110,10 @@ class Takeover:
         if not entries or stream_id in self.recordings:  # (another resume made the view meanwhile)
             return self.recordings.find(event_id) if entries else None
         rec = Recording(stream_id, None)
-        fill(rec, entries)
+        try:
+            fill(rec, entries)
+        except Gap:  # its beginning is gone: nothing to resume from
+            raise lost_part(stream_id) from None
         if rec.ended and k >= len(rec.events) - 1:
             return None
         self.recordings.add_view(rec)
@@ -120,6 +137,9 @@ class Takeover:
                     if not await r.exists(key("l", rec.id)) and await self.take_over(rec):
                         return
                 fill(rec, await self.store.entries_after(rec.id, len(rec.events), BLOCK_MS))
+            except Gap:  # Redis lost what follows what this view has: tell its readers, never spin
+                broken(rec, lost_part(rec.id))
+                return
             except (RedisError, OSError) as e:
                 self.store.failed(f"following {rec.id}", e)
                 await asyncio.sleep(RETRY)
@@ -129,16 +149,19 @@ class Takeover:
         r = self.store.redis
         if not await r.set(key("l", rec.id), self.store.name, nx=True, px=LEASE_MS):
             return False  # another replica was quicker
-        fill(rec, await self.store.entries(rec.id, len(rec.events)))
+        try:
+            fill(rec, await self.store.entries(rec.id, len(rec.events)))
+        except Gap:
+            await r.delete(key("l", rec.id))
+            broken(rec, lost_part(rec.id))
+            return True
         meta = await r.hgetall(key("m", rec.id))
         stopped = await r.exists(key("k", rec.id))
         written = len(rec.events)
         if rec.ended or b"params" not in meta:  # it ended after all, or Redis lost what it needs
             await r.delete(key("l", rec.id))
             if not rec.ended:
-                print(f"stream {rec.id}: cannot be taken over: its prompt is no longer in the store", flush=True)
-                rec.add(json.dumps(error_body(LOST)), event="error", last=True)
-                rec.end()
+                broken(rec, LOST)
             return True
         params = GenerationParams(**json.loads(meta[b"params"]))
         prior = rec.answer

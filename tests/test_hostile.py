@@ -1,0 +1,275 @@
+"""A buggy or hostile upstream costs the server a bounded amount and its reader a clear error.
+
+`Hostile` is a small asyncio server in the test process, speaking just enough HTTP/1.1 and
+streaming Chat Completions to be an upstream, whose answer is chosen by the prompt: it floods
+text past max_tokens, sends data lines with no end, one huge line, only comments, a head then
+nothing, nothing at all, text then silence, usage counts that are not counts, or a normal
+answer. This server runs in front of it (`--engine upstream`) with 2-second text deadlines;
+every case ends with a normal request that must succeed and the server's memory within a bound.
+"""
+
+import asyncio
+import json
+import socket
+import threading
+import time
+
+import pytest
+from helpers import ServerProcess, events, http
+
+FIRST_TEXT = SILENCE = 2.0  # the server's --upstream-first-text and --upstream-silence here
+RSS_BOUND = 150 * 1024 * 1024  # bytes the server may grow by in one hostile case (it held 507 MB-6 GB before)
+
+
+def chunk(text=None, finish=None, usage=None):
+    value = {"id": "x", "object": "chat.completion.chunk", "choices": []}
+    if text is not None or finish is not None:
+        delta = {"content": text} if text is not None else {}
+        value["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish}]
+    if usage is not None:
+        value["usage"] = usage
+    return b"data: " + json.dumps(value).encode() + b"\n\n"
+
+
+class Hostile:
+    """An upstream that misbehaves as its request's last message says (see the module's docstring)."""
+
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+        self.ready.wait(10)
+
+    def run(self):
+        asyncio.set_event_loop(self.loop)
+        self.server = self.loop.run_until_complete(asyncio.start_server(self.handle, "127.0.0.1", 0))
+        self.port = self.server.sockets[0].getsockname()[1]
+        self.ready.set()
+        self.loop.run_forever()
+
+    def close(self):
+        async def shut():
+            self.server.close()
+            for task in asyncio.all_tasks() - {asyncio.current_task()}:
+                task.cancel()
+
+        asyncio.run_coroutine_threadsafe(shut(), self.loop).result(5)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+        self.loop.close()
+
+    async def handle(self, reader, writer):
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next(
+                (
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length")
+                ),
+                0,
+            )
+            body = json.loads(await reader.readexactly(length)) if length else {}
+            if head.startswith(b"GET"):
+                data = json.dumps({"object": "list", "data": [{"id": "hostile"}]}).encode()
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(data) + data)
+                await writer.drain()
+                return
+            await getattr(self, body["messages"][-1]["content"])(writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    async def stream_head(self, writer):
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+
+    async def normal(self, writer):
+        await self.stream_head(writer)
+        writer.write(chunk("Hello") + chunk(" there") + chunk(finish="stop") + chunk(usage=USAGE) + b"data: [DONE]\n\n")
+        await writer.drain()
+
+    async def flood(self, writer):  # text forever, whatever max_tokens said
+        await self.stream_head(writer)
+        while True:
+            writer.write(chunk(" x") * 100)
+            await writer.drain()
+
+    async def lines(self, writer):  # data lines forever, never the blank line that ends an event
+        await self.stream_head(writer)
+        while True:
+            writer.write(b"data: x\n" * 1000)
+            await writer.drain()
+
+    async def huge(self, writer):  # one line of 30 MB, never ended
+        await self.stream_head(writer)
+        for _ in range(30 * 16):
+            writer.write(b"x" * 65536)
+            await writer.drain()
+        await asyncio.sleep(30)
+
+    async def comments(self, writer):  # pings only: never any text
+        await self.stream_head(writer)
+        while True:
+            writer.write(b":\n\n")
+            await writer.drain()
+            await asyncio.sleep(0.05)
+
+    async def stall(self, writer):  # the head, then nothing
+        await self.stream_head(writer)
+        await asyncio.sleep(60)
+
+    async def silent(self, _writer):  # not even a head
+        await asyncio.sleep(60)
+
+    async def midsilence(self, writer):  # some text, then pings only
+        await self.stream_head(writer)
+        writer.write(chunk("Hello"))
+        await self.comments(writer)
+
+    async def badusage(self, writer):  # usage counts that are not counts
+        await self.stream_head(writer)
+        usage = {"prompt_tokens": -3, "completion_tokens": "lots", "total_tokens": None}
+        writer.write(chunk("Hello") + chunk(" there") + chunk(finish="stop") + chunk(usage=usage) + b"data: [DONE]\n\n")
+        await writer.drain()
+
+
+USAGE = {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}
+
+
+@pytest.fixture(scope="module")
+def hostile():
+    h = Hostile()
+    yield h
+    h.close()
+
+
+@pytest.fixture(scope="module")
+def front(hostile):
+    args = ["--engine", "upstream", "--upstream", f"http://127.0.0.1:{hostile.port}/v1", "--write-timeout", "5"]
+    args += ["--upstream-first-text", str(FIRST_TEXT), "--upstream-silence", str(SILENCE)]
+    with ServerProcess(*args) as s:
+        yield s.wait()
+
+
+def rss(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def chat(front, mode, max_tokens=20, stream=True):
+    body = {"model": "x", "messages": [{"role": "user", "content": mode}], "max_tokens": max_tokens, "stream": stream}
+    t0 = time.monotonic()
+    status, headers, raw = http(front.port, "POST", "/v1/chat/completions", body)
+    return status, raw, time.monotonic() - t0
+
+
+def still_serves(front, before):
+    """A normal answer still comes, and the server did not grow past the bound."""
+    status, raw, _ = chat(front, "normal")
+    evs = [json.loads(e.data) for e in events(raw) if e.data != "[DONE]"]
+    assert (
+        status == 200
+        and "".join(c["choices"][0]["delta"].get("content", "") for c in evs if c["choices"]) == "Hello there"
+    )
+    grown = rss(front.proc.pid) - before
+    assert grown < RSS_BOUND, f"the server grew by {grown / 2**20:.0f} MB"
+    return grown
+
+
+def texts_of(raw):
+    out, error = [], None
+    for e in events(raw):
+        if e.data == "[DONE]":
+            continue
+        value = json.loads(e.data)
+        if "error" in value:
+            error = value["error"]
+            continue
+        for c in value.get("choices") or []:
+            if c["delta"].get("content"):
+                out.append(c["delta"]["content"])
+            if c.get("finish_reason"):
+                out.append(("finish", c["finish_reason"]))
+    return out, error
+
+
+def test_an_upstream_that_floods_past_max_tokens_is_cut_at_max_tokens(front):
+    before = rss(front.proc.pid)
+    status, raw, took = chat(front, "flood", max_tokens=5)
+    texts, error = texts_of(raw)
+    assert status == 200 and error is None and texts == [" x"] * 5 + [("finish", "length")]
+    status, body, _ = chat(front, "flood", max_tokens=5, stream=False)
+    answer = json.loads(body)
+    assert answer["choices"][0]["message"]["content"] == " x" * 5 and answer["choices"][0]["finish_reason"] == "length"
+    still_serves(front, before)
+
+
+@pytest.mark.parametrize("mode", ["lines", "huge"])
+def test_an_event_that_never_ends_is_a_clear_error_within_a_bound(front, mode):
+    before = rss(front.proc.pid)
+    status, raw, took = chat(front, mode)
+    texts, error = texts_of(raw)
+    assert status == 200 and error is not None and "over 1048576 characters" in error["message"], raw[-300:]
+    assert took < 20
+    still_serves(front, before)
+
+
+@pytest.mark.parametrize("mode", ["comments", "stall", "silent"])
+def test_an_upstream_without_text_is_a_504_by_the_first_text_deadline(front, mode):
+    before = rss(front.proc.pid)
+    status, raw, took = chat(front, mode, stream=False)
+    assert status == 504 and b"sent no text in 2 s" in raw, raw
+    assert FIRST_TEXT - 0.5 < took < FIRST_TEXT + 5
+    still_serves(front, before)
+
+
+def test_an_upstream_that_goes_silent_mid_answer_ends_it_with_an_error_event(front):
+    status, raw, took = chat(front, "midsilence")
+    texts, error = texts_of(raw)
+    assert status == 200 and "Hello" in texts and error is not None and "no text for 2 s" in error["message"]
+    assert SILENCE - 0.5 < took < SILENCE + 5
+
+
+def test_usage_counts_that_are_not_counts_are_ignored_with_a_warning(front):
+    body = {"model": "x", "messages": [{"role": "user", "content": "badusage"}], "max_tokens": 20}
+    status, _, raw = http(front.port, "POST", "/v1/chat/completions", body)
+    answer = json.loads(raw)
+    assert status == 200 and answer["choices"][0]["message"]["content"] == "Hello there"
+    assert answer["usage"]["completion_tokens"] == 2  # counted from the pieces
+    assert any("sent usage completion_tokens='lots': not a count, ignored" in line for line in front.lines)
+    assert not any("internal error" in line for line in front.lines)
+
+
+def test_a_reader_who_never_reads_holds_the_upstream_back(front):
+    """Backpressure: the relay stops reading the upstream while its reader is behind; the server
+    grew by 507 MB in 8 s here before."""
+    before = rss(front.proc.pid)
+    s = socket.create_connection(("127.0.0.1", front.port))
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    body = json.dumps({"prompt": "flood", "max_tokens": 4096}).encode()
+    s.sendall(
+        b"POST /stream HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+        + body
+    )
+    time.sleep(4)  # reading nothing
+    grown = rss(front.proc.pid) - before
+    s.close()
+    assert grown < 50 * 1024 * 1024, f"grew by {grown / 2**20:.0f} MB"
+    still_serves(front, before)
+
+
+def test_a_resumable_stream_whose_reader_left_holds_the_upstream_back(front):
+    before = rss(front.proc.pid)
+    with socket.create_connection(("127.0.0.1", front.port)) as s:
+        s.sendall(b"GET /stream?prompt=flood&max_tokens=4096 HTTP/1.1\r\nHost: x\r\n\r\n")
+        s.recv(4096)
+    time.sleep(4)  # within its grace: generating for a reader who may come back, but bounded
+    grown = rss(front.proc.pid) - before
+    assert grown < 50 * 1024 * 1024, f"grew by {grown / 2**20:.0f} MB"
+    still_serves(front, before)

@@ -1,0 +1,126 @@
+"""The Redis store under faults, over real processes: Redis paused (SIGSTOP) mid-stream and
+resumed, restarted empty, and a stream's entries trimmed under it; and inputs that reach the store
+or int() (a stream id that is not one of ours, an event number in other digits). Each case ends
+with the streams whole, or with an error the reader is told, and the server using no CPU for a
+stream it cannot serve."""
+
+import json
+import os
+import signal
+import time
+
+import pytest
+import redis
+from helpers import ServerProcess, http, raw_request
+
+from streaming import reader, redisctl
+from streaming.replicas import in_thread, noting, query, when
+from streaming.server.resumable.recordings import Recording
+from streaming.server.resumable.store import Gap
+from streaming.server.resumable.takeover import fill
+
+REQUIRED = os.environ.get("REQUIRE_REDIS") == "1"  # .ci/run sets it
+if not REQUIRED and not redisctl.available():
+    pytest.skip("needs redis-server (apt-get install redis-server)", allow_module_level=True)
+
+ARGS = ("--token-delay", "0.03", "--resume-grace", "3")
+
+
+def cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_gap_in_the_entries_is_an_error_not_a_hole():
+    rec = Recording("S", None)
+    with pytest.raises(Gap):
+        fill(rec, [(b"0-1", {b"e": b"id: S.0\n\n"}), (b"0-3", {b"e": b"id: S.2\n\n"})])
+    assert rec.events == [b"id: S.0\n\n"]
+    with pytest.raises(Gap):  # not an id of ours
+        fill(Recording("S", None), [(b"1700000000000-0", {b"e": b"x"})])
+    with pytest.raises(Gap):  # token ids that are not ids
+        fill(Recording("S", None), [(b"0-1", {b"e": b"x", b"t": "١".encode()})])
+
+
+def test_a_redis_paused_mid_stream_ends_no_live_stream():
+    """SIGSTOP Redis under 8 readers, SIGCONT 4 s later (past a command's 2 s timeout and a 3 s
+    lease): every stream ends with [DONE], whole, and
+    the replica never takes its own late writes for a rival's (before: 0 of 8 got [DONE])."""
+    with redisctl.Redis() as r, ServerProcess("--store", r.url, *ARGS) as s:
+        s.wait()
+        readers = [in_thread(reader.read, s.port, query(120, seed=i)) for i in range(8)]
+        time.sleep(1.5)
+        r.proc.proc.send_signal(signal.SIGSTOP)
+        time.sleep(4)
+        r.proc.proc.send_signal(signal.SIGCONT)
+        for t, _ in readers:
+            t.join(90)
+        got = [out[0] for _, out in readers]
+        assert [g.ended for g in got] == ["done"] * 8, [g.ended for g in got]
+        assert all(g.numbers == list(range(len(g.events))) and g.lost == g.repeated == 0 for g in got)
+        assert not any("took it over" in line or "went to another replica" in line for line in s.lines), s.lines
+        db = redis.Redis.from_url(r.url)
+        for g in got:  # and Redis holds each whole, with its end
+            entries = db.xrange(f"streaming:s:{g.stream}")
+            assert len(entries) == len(g.events) and b"x" in entries[-1][1]
+
+
+def test_a_redis_restarted_empty_mid_stream_gets_the_stream_again():
+    with redisctl.Redis() as first, ServerProcess("--store", first.url, *ARGS) as s:
+        s.wait()
+        ids = []
+        t, out = in_thread(reader.read, s.port, query(200), on_event=noting(ids))
+        assert when(lambda: len(ids) >= 20, 30)
+        port = first.port
+        first.stop()
+        with redisctl.Redis(port=port) as second:  # the same address, nothing in it
+            t.join(60)
+            got = out[0]
+            assert got.ended == "done" and got.numbers == list(range(len(got.events)))
+            db = redis.Redis.from_url(second.url)
+            assert when(lambda: len(db.xrange(f"streaming:s:{got.stream}")) == len(got.events), 10)
+
+
+def test_a_stream_trimmed_under_a_resume_is_a_503_and_no_busy_loop():
+    """Redis lost a stream's first entries (XTRIM): a resume on another replica said 200, sent
+    nothing, never ended, and ran a core at 95% before; now it is told (503 store_unavailable)."""
+    with (
+        redisctl.Redis() as r,
+        ServerProcess("--store", r.url, *ARGS) as a,
+        ServerProcess("--store", r.url, *ARGS) as b,
+    ):
+        a.wait(), b.wait()
+        ids = []
+        t, _ = in_thread(reader.read, a.port, query(200), on_event=noting(ids))
+        assert when(lambda: len(ids) >= 12, 30)
+        stream = ids[0]
+        redis.Redis.from_url(r.url).xtrim(f"streaming:s:{stream}", minid="0-6", approximate=False)
+        before = cpu_seconds(b.proc.pid)
+        head = f"GET /stream HTTP/1.1\r\nHost: 127.0.0.1\r\nLast-Event-ID: {stream}.8\r\n\r\n".encode()
+        status, headers, body = raw_request(b.port, head)
+        assert (
+            status == 503 and json.loads(body)["error"]["type"] == "store_unavailable" and "lost part" in body.decode()
+        )
+        time.sleep(2)
+        assert cpu_seconds(b.proc.pid) - before < 0.5  # nothing spins
+        t.join(60)
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+def test_ids_that_are_not_ours_are_unknown_never_a_500(store):
+    with redisctl.Redis() as r, ServerProcess("--store", "memory" if store == "memory" else r.url) as s:
+        s.wait()
+        for last in ("x.\u00b2", "S.1\u00b9", "\ud800.1", "a" * 200 + ".1"):
+            head = f"GET /stream HTTP/1.1\r\nHost: 127.0.0.1\r\nLast-Event-ID: {last}\r\n\r\n".encode(
+                "utf-8", "surrogatepass"
+            )
+            status, _, _ = raw_request(s.port, head)
+            assert status == 204, (last, status)
+        status, _, _ = raw_request(s.port, b"GET /stream?last_event_id=x.%C2%B2 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert status == 204
+        for bad in ("\ud800", "x" * 500, "a b", ""):
+            body = json.dumps({"id": bad}).encode()
+            status, _, raw = http(s.port, "POST", "/stop", body)
+            assert status == 404 and json.loads(raw)["error"]["type"] == "not_found", (bad, raw)
+        assert not any("internal error" in line for line in s.lines)
