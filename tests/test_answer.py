@@ -351,3 +351,37 @@ def test_a_whole_response_keeps_the_connection_and_a_request_check_is_the_family
     bad = InvalidRequest("temperature must be from 0 to 2", "temperature")
     assert ours.problem(bad).status == 422 and api.problem(bad).status == 400
     assert ours.problem(bad).close_code == 1008  # on a WebSocket: a close 1008
+
+
+# --- a resumable stream's pump: it waits for its readers, here or on another replica ----------------
+
+
+def test_the_pump_waits_for_its_readers_and_goes_on_when_one_reads_elsewhere():
+    from streaming.server.resumable import pump as pumping
+    from streaming.server.resumable.recordings import Recording
+
+    async def until(condition):
+        for _ in range(1000):
+            if condition():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("the condition never held")
+
+    async def run(naive=False):
+        a, _ = answers(naive=naive)
+        job = ScriptedJob(["x"] * 10_000, every=0.0005).start()  # (still generating throughout)
+        rec = Recording("S", job)
+        task = asyncio.create_task(pumping.pump(a, rec))
+        await until(lambda: job.produced > pumping.UNREAD + 150)  # well past the mark
+        held = len(rec.events)  # nobody has been sent anything
+        rec.read_elsewhere(10.0, 100)  # a reader on another replica has had 100 events
+        await until(lambda: job.produced > pumping.UNREAD + 300)
+        moved = len(rec.events)
+        job.stop.set()  # (its grace ran out): the rest goes into the recording, then its end
+        await asyncio.wait_for(task, 5)
+        return held, moved, rec
+
+    held, moved, rec = asyncio.run(run())
+    assert held == pumping.UNREAD + 1 and moved == 100 + pumping.UNREAD + 1 and rec.ended
+    held, _, rec = asyncio.run(run(naive=True))  # the naive server generates every token for nobody
+    assert held > pumping.UNREAD + 100 and rec.ended

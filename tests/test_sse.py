@@ -68,3 +68,14 @@ def test_cr_at_the_end_of_one_chunk_and_lf_at_the_start_of_the_next_is_one_line_
     p = EventParser()
     assert p.feed(b"data: a\r") == []
     assert p.feed(b"\n\r\n") == [Event("a")]
+
+
+def test_a_crlf_split_across_chunks_then_a_blank_line():
+    """A chunk that is just the LF of a CRLF, then the blank line: one event, not one merged into
+    the next (the LF after a CR was dropped twice before)."""
+    p = EventParser()
+    got = p.feed(b"data: x\r") + p.feed(b"\n") + p.feed(b"\n") + p.feed(b"data: y\n\n")
+    assert [e.data for e in got] == ["x", "y"]
+    p = EventParser()
+    got = p.feed(b"data: x\r") + p.feed(b"\xe2") + p.feed(b"\x82\xac\n\n")  # an empty decode keeps the CR's state
+    assert [e.data for e in got] == ["x"] and p.pending == []

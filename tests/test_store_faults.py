@@ -124,3 +124,24 @@ def test_ids_that_are_not_ours_are_unknown_never_a_500(store):
             status, _, raw = http(s.port, "POST", "/stop", body)
             assert status == 404 and json.loads(raw)["error"]["type"] == "not_found", (bad, raw)
         assert not any("internal error" in line for line in s.lines)
+
+
+def test_a_redis_that_refuses_writes_for_a_while_ends_no_live_stream():
+    """Redis out of memory (maxmemory, noeviction) refuses every write with an OOM error for 2 s:
+    not a rival replica's entry, so the stream goes on and ends whole once writes pass again."""
+    with redisctl.Redis() as r, ServerProcess("--store", r.url, *ARGS) as s:
+        s.wait()
+        db = redis.Redis.from_url(r.url)
+        ids = []
+        t, out = in_thread(reader.read, s.port, query(120), on_event=noting(ids))
+        assert when(lambda: len(ids) >= 10, 30)
+        db.config_set("maxmemory-policy", "noeviction")
+        db.config_set("maxmemory", 1)
+        time.sleep(2)
+        db.config_set("maxmemory", 0)
+        t.join(60)
+        got = out[0]
+        assert got.ended == "done" and got.numbers == list(range(len(got.events)))
+        assert not any("took it over" in line for line in s.lines)
+        assert any("failed: OutOfMemoryError" in line for line in s.lines)  # (the refusals were seen, and counted)
+        assert when(lambda: len(db.xrange(f"streaming:s:{got.stream}")) == len(got.events), 10)

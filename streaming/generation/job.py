@@ -114,7 +114,7 @@ class Job:
         self.detok: StreamDetokenizer | None = None  # its own incremental detokenizer (begin())
         self.ends: frozenset[int] = frozenset()  # token ids that end an answer (the model's stop ids)
         # Nobody reads it now (a resumable stream between readers): served last. Written by the
-        # recording that holds its readers (streaming/server/resume/recordings.py).
+        # recording that holds its readers (streaming/server/resumable/recordings.py).
         self.orphaned = False
         self.created = time.monotonic()  # when the request asked: the answer's times count from here
 

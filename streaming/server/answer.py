@@ -39,6 +39,7 @@ SHUTTING_DOWN = "the server is shutting down"
 # Answers /log keeps, the latest: 10,000 lines are ~250 KB of JSON, a few ms to write at each GET
 # (unbounded, 40,000 requests made every GET /log a megabyte serialised on the event loop).
 LOG_KEEP = 10_000
+JOB_END = 10.0  # seconds a stopped job may take to end (a step, normally) before the answer is logged without it
 
 Deliver = Callable[[str], Awaitable[bool]]  # send a piece's text; False: the reader cannot take it
 KeepAlive = Callable[[], Awaitable[bool]]  # say something during silence; False: the reader is gone
@@ -67,6 +68,7 @@ class Answers:
         self.metrics, self.state, self.ping, self.naive = metrics, state, ping, naive
         # [path, generated tokens, ended early], one per finished answer: the last `keep` of them
         self.log: collections.deque[list[Any]] = collections.deque(maxlen=keep)
+        self.logged = 0  # answers logged in all (the log keeps the latest `keep`)
 
     def cut(self, job: Job) -> ProtocolError | None:
         """The error an answer ends with if the shutdown stopped its job, else None (a job handed
@@ -79,6 +81,7 @@ class Answers:
         """The article's log line, and the answer's metrics."""
         job = answer.job
         self.log.append([answer.path, produced, early])
+        self.logged += 1
         print(f"{answer.path}: generated {produced} tokens, {answer.early.value}: {early}", flush=True)
         if job.reason is None:
             outcome = "error"
@@ -130,7 +133,11 @@ class Answer:
         job.stop.set()  # however it ended, this answer's generation ends
         if self.watcher is not None:
             self.watcher.cancel()
-        self.produced = await job.done
+        try:  # within a step of the stop, unless the engine is stuck: then its count so far
+            self.produced = await asyncio.wait_for(asyncio.shield(job.done), JOB_END)
+        except asyncio.TimeoutError:
+            print(f"{self.path}: its job did not end within {JOB_END:g} s of its stop", flush=True)
+            self.produced = job.produced
         early = {Early.LEFT: self.left, Early.SAID_STOP: said_stop, Early.STOPPED: job.reason == "stopped"}
         self.answers.record(self, self.produced, early[self.early])
         if kind is None and not self.left and (cut := self.answers.cut(job)):
@@ -186,6 +193,7 @@ class Answer:
             if text and not await deliver(text):
                 self.left = True
                 if not self.naive:
+                    self.job.stop.set()
                     break
             if matcher is not None and matcher.matched is not None:
                 self.job.stop.set()

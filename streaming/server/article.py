@@ -61,8 +61,9 @@ async def stream(ctx: Context, ex: Exchange) -> None:
     async def ping() -> bool:
         return await ex.send(PING)
 
-    ex.start_stream(sse.RESPONSE_FIELDS, ending)
     async with Answer(ctx.answers, job, "/stream", watch=ex.conn) as answer:
+        ex.start_stream(sse.RESPONSE_FIELDS, ending)
         await answer.relay(deliver, ping)
     if not answer.left:
+        ex.end_stream()
         await ex.send(sse.DONE)

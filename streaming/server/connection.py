@@ -23,6 +23,7 @@ READ_SIZE = 65536
 # who reads nothing absorbs before a write waits (unset, the kernel grows it to megabytes).
 STREAM_SNDBUF = 16 * 1024
 STREAM_HIGH_WATER = 16 * 1024  # a stream's transport buffer past which a write waits (asyncio's is 64 KiB)
+IDLE_EMPTY_LINES = 8  # bytes of CR and LF between requests that still leave a connection idle
 
 
 class BodyBudget:
@@ -50,15 +51,19 @@ class Connection:
 
     async def next_bytes(self, timeout: float) -> bool:
         """Wait up to `timeout` for the first bytes of another request; False if the client
-        closed or stayed silent (an idle keep-alive connection is then closed, without a 408)."""
-        if self.trailing:
-            return True
-        try:
-            data = await asyncio.wait_for(self.reader.read(READ_SIZE), timeout)
-        except asyncio.TimeoutError:
-            return False
-        self.trailing = data
-        return bool(data)
+        closed or stayed silent (an idle keep-alive connection is then closed, without a 408).
+        A few empty lines between requests (a CRLF after a body, RFC 9112 §2.2) leave it idle."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not self.trailing.strip(b"\r\n") and len(self.trailing) <= IDLE_EMPTY_LINES:
+            self.trailing = b""
+            try:
+                data = await asyncio.wait_for(self.reader.read(READ_SIZE), deadline - asyncio.get_running_loop().time())
+            except asyncio.TimeoutError:
+                return False
+            if not data:
+                return False
+            self.trailing = data
+        return True
 
     async def read_request(self, timeout: float, bodies: BodyBudget) -> Request | None:
         """The request, or None if the client left first; 408 if it takes over `timeout`; 503 if
@@ -101,7 +106,10 @@ class Connection:
         the send buffer to megabytes, and no write ever waits)."""
         sock = self.writer.get_extra_info("socket")
         if sock is not None:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, STREAM_SNDBUF)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, STREAM_SNDBUF)
+            except OSError:  # the client reset the connection already: the writes will fail, quietly
+                pass
         transport = self.writer.transport
         transport.set_write_buffer_limits(high=min(STREAM_HIGH_WATER, transport.get_write_buffer_limits()[1]))
 

@@ -83,6 +83,10 @@ class Exchange:
         self.conn.stream_buffers()
         self.progress, self.ending = Progress.UPGRADED, ending
 
+    def end_stream(self) -> None:
+        """The stream's end is being sent: after it no error is said (it would follow [DONE])."""
+        self.ending = None
+
     async def send(self, data: bytes) -> bool:
         """Write a stream's bytes within --write-timeout; False if the reader cannot take them."""
         return await self.conn.send(data, self.write_timeout)

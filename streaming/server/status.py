@@ -71,7 +71,7 @@ def status(ctx: Context) -> dict[str, Any]:
         "open_connections": len(state.connections),
         "connections_accepted": state.accepted,
         "requests_served": state.served,
-        "requests_logged": len(ctx.answers.log),
+        "requests_logged": ctx.answers.logged,
         "requests_stopped": stats.stopped,  # early: the reader left or said stop
         "tokens_after_stop": stats.tokens_after_stop,  # generated for nobody after those stops
         "resumable_streams": len(ctx.streams.recordings),

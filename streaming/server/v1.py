@@ -70,10 +70,11 @@ async def stream(ctx: Context, ex: Exchange, fmt: Format, api: ApiRequest, job: 
     async def keep_alive() -> bool:
         return await ex.send(enc.keep_alive())
 
-    ex.start_stream(sse.RESPONSE_FIELDS, ending)
     async with Answer(ctx.answers, job, ex.request.path, watch=ex.conn) as answer:
+        ex.start_stream(sse.RESPONSE_FIELDS, ending)
         answer.left = not await ex.send(enc.start())
         matched = await answer.relay(deliver, keep_alive, StopMatcher(api.stop)) if not answer.left else None
     if not answer.left:
         enc.prompt_tokens = job.prompt_tokens  # again: an upstream's count arrives with its last chunk
+        ex.end_stream()
         await ex.send(enc.end(fmt.finish(job.reason, matched), answer.produced))

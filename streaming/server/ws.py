@@ -129,6 +129,7 @@ async def websocket(ctx: Context, ex: Exchange) -> None:
     ws.listen(job)
     async with Answer(ctx.answers, job, "/ws", early=Early.SAID_STOP, naive=False) as answer:
         await answer.relay(ws.deliver, ws.ping)
+    ex.end_stream()
     ws.send_text(json.dumps({"done": True}))
     await ws.close(1000)
 

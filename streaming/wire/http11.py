@@ -94,6 +94,7 @@ class RequestParser:
         self.head: Request | None = None  # the Request once its head is parsed, before its body is complete
         self.trailing = b""
         self.scanned = 0  # where the search for the blank line resumes: feeding byte by byte stays linear
+        self.empty_lines = 0  # skipped before this request's line
 
     def feed(self, data: bytes) -> None:
         self.buffer += data
@@ -123,7 +124,6 @@ class RequestParser:
     def skip_empty_lines(self) -> bool:
         """Drop the empty lines a client may send before a request line (a CRLF after the last
         request's body, RFC 9112 §2.2); whether something else has arrived."""
-        skipped = 0
         while self.buffer and self.buffer[0] in b"\r\n":
             if self.buffer.startswith(b"\r\n"):
                 del self.buffer[:2]
@@ -133,8 +133,8 @@ class RequestParser:
                 return False  # a lone CR: its LF may follow
             else:
                 raise ProtocolError("malformed request line", 400)
-            skipped += 1
-            if skipped > EMPTY_LINES:
+            self.empty_lines += 1
+            if self.empty_lines > EMPTY_LINES:
                 raise ProtocolError("empty lines instead of a request", 400)
         return bool(self.buffer)
 

@@ -179,6 +179,7 @@ class Chunk(NamedTuple):
     finish: str | None = None  # a choice's finish_reason ("stop", "length", ...), if one ended
     usage: dict[str, Any] | None = None  # the usage chunk's counts (stream_options.include_usage)
     error: str | None = None  # an error event's message: the answer failed mid-stream
+    alive: bool = False  # a choice's delta carries something (text, reasoning, a tool call): not a ping
 
 
 def read_chunk(data: str) -> Chunk:
@@ -193,7 +194,7 @@ def read_chunk(data: str) -> Chunk:
     if "error" in value:
         err = value["error"]
         return Chunk("", error=str(err.get("message", err) if isinstance(err, dict) else err))
-    texts, finish = [], None
+    texts, finish, alive = [], None, False
     for choice in value.get("choices") or []:
         if not isinstance(choice, dict):
             continue
@@ -201,6 +202,8 @@ def read_chunk(data: str) -> Chunk:
         text = delta.get("content") if isinstance(delta, dict) else None
         if isinstance(text, str):
             texts.append(text)
+        if isinstance(delta, dict) and any(v for k, v in delta.items() if k != "role"):
+            alive = True
         finish = choice.get("finish_reason") or finish
     usage = value.get("usage")
-    return Chunk("".join(texts), finish, usage if isinstance(usage, dict) else None)
+    return Chunk("".join(texts), finish, usage if isinstance(usage, dict) else None, alive=alive)

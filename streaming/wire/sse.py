@@ -80,8 +80,9 @@ class EventParser:
         text = self.decoder.decode(data)
         if self.first and text:
             text, self.first = text.removeprefix("\ufeff"), False
-        if self.after_cr and text.startswith("\n"):
-            text = text[1:]
+        if self.after_cr and text:
+            text = text.removeprefix("\n")  # (the LF of a CRLF split across two chunks)
+            self.after_cr = False
         if not text:
             return []
         self.after_cr = text.endswith("\r")

@@ -25,12 +25,13 @@ from streaming.wire.errors import ProtocolError
 from streaming.wire.http11 import Response
 
 CONNECT_TIMEOUT = 5.0  # seconds to connect to an upstream (and for a probe's answer) before trying the next
-# An upstream's answer must show text within FIRST_TEXT seconds of the request (its head, any
-# comments and empty chunks included: a long prompt's prefill on a loaded engine fits), and then
-# never go more than SILENCE seconds without text; past either it is a 504 (before any text) or
-# the answer's error event. Pings do not count: an upstream that sends only comments would
-# otherwise hold its reader forever.
-FIRST_TEXT = 30.0
+# An upstream's answer must show life within FIRST_TEXT seconds of the request (its head, any
+# comments and empty chunks included: a long prompt's prefill, or a wait in a loaded engine's
+# queue, fits), and then never go more than SILENCE seconds without it; past either it is a 504
+# (before any text) or the answer's error event. Life is a chunk whose delta carries something
+# (text, a reasoning model's reasoning, a tool call); pings do not count: an upstream that sends
+# only comments would otherwise hold its reader forever.
+FIRST_TEXT = 60.0
 SILENCE = 30.0
 TAKE_OUT = 2.0  # seconds a failed upstream is left out at first, doubling while it keeps failing
 MAX_OUT = 60.0

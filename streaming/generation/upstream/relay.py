@@ -42,6 +42,7 @@ from streaming.wire.sse import EventParser
 ERROR_BODY = 64 * 1024  # bytes of an upstream's error answer read for its message
 # Pieces relayed ahead of the reader: past them the relay stops reading the upstream until the
 # reader takes some (TCP then holds the upstream back), as a local engine's queue holds a thread.
+# (The read that passes the mark may carry more: at most one read, 64 KiB, of events.)
 AHEAD = 64
 # An answer's characters per token allowed, at most: the longest tokens of common vocabularies are
 # runs of ~100 spaces or dashes, so an answer past 256 characters a token is not text; with
@@ -92,6 +93,7 @@ class UpstreamJob(Job):
         return item
 
     def cancel(self) -> None:
+        self.room.set()  # (a relay waiting for its reader wakes, sees the stop, and ends)
         if self.task is not None and not self.task.done():
             self.task.cancel()
 
@@ -179,8 +181,10 @@ class UpstreamJob(Job):
             raise UpstreamError(f"upstream {u.url} sent a broken answer: {e.message}") from None
         except asyncio.TimeoutError:
             if self.produced == self.prior_pieces:
-                raise UpstreamError(f"upstream {u.url} sent no text in {self.pool.first_text:g} s", 504) from None
-            raise UpstreamError(f"upstream {u.url} sent no text for {self.pool.silence:g} s", 504) from None
+                message = f"upstream {u.url} sent nothing in {self.pool.first_text:g} s (pings do not count)"
+                raise UpstreamError(message, 504) from None
+            message = f"upstream {u.url} sent nothing for {self.pool.silence:g} s mid-answer (pings do not count)"
+            raise UpstreamError(message, 504) from None
         except OSError as e:
             raise UpstreamError(f"upstream {u.url} broke the connection: {e}") from None
 
@@ -188,10 +192,13 @@ class UpstreamJob(Job):
         events, reason = EventParser(status=502), None
         chunks: AsyncIterator[bytes] = reply.chunks()
         while True:
-            if self.out.qsize() >= AHEAD:  # the reader is behind: read no more until it catches up
+            if self.out.qsize() >= AHEAD and not self.stop.is_set():  # the reader is behind: wait for it
                 self.room.clear()
                 await self.room.wait()
                 self.deadline = max(self.deadline, time.monotonic() + self.pool.silence)
+            if self.stop.is_set():  # (a cancel that wait_for swallowed, Python 3.11, ends here too)
+                self.finish_as("stopped")
+                return
             try:
                 data = await self.read(u, anext(chunks))
             except StopAsyncIteration:  # `transformers serve` ends after its finish_reason, without [DONE]
@@ -224,6 +231,8 @@ class UpstreamJob(Job):
             raise UpstreamError(f"upstream {u.url} failed mid-answer: {chunk.error}")
         if chunk.usage is not None:
             self.usage(chunk.usage, u)
+        if chunk.alive:  # text, or what comes before it (reasoning, a tool call): the upstream works
+            self.deadline = time.monotonic() + self.pool.silence
         if chunk.text:
             limit = self.params.max_tokens
             self.chars += len(chunk.text)
@@ -232,7 +241,6 @@ class UpstreamJob(Job):
                 return "cut"
             self.produced += 1
             self.out.put_nowait(Piece.of(chunk.text, []))
-            self.deadline = time.monotonic() + self.pool.silence
         if chunk.finish:
             return "length" if chunk.finish == "length" else "eos"
         return None

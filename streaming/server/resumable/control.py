@@ -43,9 +43,11 @@ class Control:
             self.store.failed(f"stopping {stream_id}", e)
             raise unavailable() from None
 
-    async def note(self, what: str, stream_id: str) -> None:
-        """Tell the replica generating a stream: "stop" or "read" (raises RedisError)."""
-        await self.store.redis.eval(NOTE_SCRIPT, 1, key("l", stream_id), CONTROL, f"{what} {stream_id}")
+    async def note(self, what: str, stream_id: str, at: int | None = None) -> None:
+        """Tell the replica generating a stream: "stop", or "read" with how many events the
+        readers here have been sent (raises RedisError)."""
+        note = f"{what} {stream_id}" if at is None else f"{what} {stream_id} {at}"
+        await self.store.redis.eval(NOTE_SCRIPT, 1, key("l", stream_id), CONTROL, note)
 
     async def listen(self) -> None:
         """Follow this replica's channel: stops, and readers elsewhere."""
@@ -63,11 +65,11 @@ class Control:
                 await asyncio.sleep(RETRY)
 
     def heard(self, note: str) -> None:
-        what, _, stream_id = note.partition(" ")
+        what, stream_id, at = (note.split(" ") + ["", ""])[:3]
         rec = self.recordings.get(stream_id)
         if rec is None or rec.job is None:
             return
         if what == "stop":
             rec.job.stop.set()
-        elif what == "read":
-            rec.read_elsewhere(self.grace)
+        elif what == "read":  # (a note without a count: its readers are taken to be up to date)
+            rec.read_elsewhere(self.grace, int(at) if at.isascii() and at.isdigit() else len(rec.events))

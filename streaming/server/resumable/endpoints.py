@@ -55,11 +55,11 @@ async def follow(ctx: Context, ex: Exchange, rec: Recording, after: int) -> None
     keep-alive during silence, until its end or until this reader leaves (which starts the
     grace period if it was the last reader). Its errors are the recording's own events."""
     config, conn = ctx.config, ex.conn
-    ex.start_stream(sse.RESPONSE_FIELDS, None, RETRY)
     rec.attach()
     watcher = asyncio.create_task(conn.watch())
     k, sent = after + 1, 0
     try:
+        ex.start_stream(sse.RESPONSE_FIELDS, None, RETRY)
         while True:
             while k < len(rec.events):
                 if not await ex.send(rec.events[k]):

@@ -41,6 +41,8 @@ from streaming.server.resumable.store import (
     key,
 )
 
+RIVAL = object()  # agreed(): another replica's entry stands where this replica's would
+
 
 class Mirror:
     def __init__(self, store: RedisStore) -> None:
@@ -70,24 +72,27 @@ class Mirror:
             try:
                 written = await self.write(rec, written, meta)
                 meta = False
-            except ResponseError as e:  # event `written` is there already: ours (a late write), or a rival's
-                ours = await self.agreed(rec, written)
-                if ours is not None:
-                    written = ours
+                continue
+            except ResponseError as e:  # event `written` may be there already: ours (a late write), or a rival's
+                verdict = await self.agreed(rec, written)
+                if verdict is RIVAL:
+                    print(f"stream {rec.id}: another replica took it over ({e}): stopping here", flush=True)
+                    self.lost(rec)
+                    return
+                if isinstance(verdict, int):
+                    written = verdict
                     continue
-                print(f"stream {rec.id}: another replica took it over ({e}): stopping here", flush=True)
-                self.lost(rec)
-                return
+                store.failed(f"writing stream {rec.id}", e)  # refused for another reason (OOM, READONLY, BUSY)
             except (RedisError, OSError) as e:
                 store.failed(f"writing stream {rec.id}", e)
-                # Write nothing more until Redis says what it holds: it may have come back
-                # empty (then the stream again from the start, prompt and lease first).
-                while True:
-                    await asyncio.sleep(RETRY)
-                    if (held := await self.held(rec.id)) is not None:
-                        break
-                written, has_meta = held
-                meta = meta or not has_meta
+            # Write nothing more until Redis says what it holds: it may have come back empty
+            # (then the stream again from the start, prompt and lease first).
+            while True:
+                await asyncio.sleep(RETRY)
+                if (held := await self.held(rec.id)) is not None:
+                    break
+            written, has_meta = held
+            meta = meta or not has_meta
         self.owned.pop(rec.id, None)
         try:
             await store.redis.eval(RELEASE_SCRIPT, 1, key("l", rec.id), store.name)
@@ -124,23 +129,23 @@ class Mirror:
         await pipe.execute()
         return end
 
-    async def agreed(self, rec: Recording, written: int) -> int | None:
-        """After Redis refused event `written` (an entry is there already): how many events it
-        holds if every entry from there on is this recording's own, byte for byte (writes of ours
-        that ran late), else None (another replica writes this stream)."""
+    async def agreed(self, rec: Recording, written: int) -> int | object | None:
+        """After Redis refused event `written`: how many events it holds if every entry from there
+        on is this recording's own, byte for byte (writes of ours that ran late); RIVAL if one is
+        not (another replica writes this stream); None if Redis holds none there, or cannot be
+        read (it refused for another reason: the write is tried again after a pause)."""
         try:
             entries = await self.store.entries(rec.id, written)
-        except (RedisError, OSError) as e:
-            self.store.failed(f"reading back stream {rec.id}", e)
-            return written  # try the write again: Redis will say
+        except (RedisError, OSError):
+            return None
         k = written
         try:
             for entry_id, fields in entries:
                 if entry_number(entry_id) != k + 1 or k >= len(rec.events) or fields.get(b"e") != rec.events[k]:
-                    return None
+                    return RIVAL
                 k += 1
         except Gap:
-            return None
+            return RIVAL
         return k if k > written else None
 
     async def held(self, stream_id: str) -> tuple[int, bool] | None:

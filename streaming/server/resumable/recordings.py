@@ -126,9 +126,10 @@ class Recording:
             self.grace.cancel()
             self.grace = None
 
-    def read_elsewhere(self, grace: float) -> None:
-        """A reader follows this stream on another replica (control.py says so every second):
-        not orphaned, and the grace period counts from now."""
+    def read_elsewhere(self, grace: float, sent: int) -> None:
+        """A reader follows this stream on another replica (control.py says so every second,
+        with how many events it has been sent): not orphaned, and the grace period counts from now."""
+        self.sent(min(sent, len(self.events)))
         if self.job is None or self.ended:
             return
         self.job.orphaned = False

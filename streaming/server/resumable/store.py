@@ -153,7 +153,7 @@ class RedisStore:
         self.errors += 1
         if self.on_error is not None:
             self.on_error()
-        print(f"store: {what} failed: {e!r}", file=sys.stderr, flush=True)
+        print(f"store: {what} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
 
     async def close(self, timeout: float) -> None:
         """At shutdown: let the mirrors finish writing (and release their leases), then stop."""

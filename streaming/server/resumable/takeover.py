@@ -133,7 +133,7 @@ class Takeover:
             try:
                 if time.monotonic() - noted >= RENEW:
                     noted = time.monotonic()
-                    await self.control.note("read", rec.id)
+                    await self.control.note("read", rec.id, rec.read_to)
                     if not await r.exists(key("l", rec.id)) and await self.take_over(rec):
                         return
                 fill(rec, await self.store.entries_after(rec.id, len(rec.events), BLOCK_MS))
@@ -163,7 +163,16 @@ class Takeover:
             if not rec.ended:
                 broken(rec, LOST)
             return True
-        params = GenerationParams(**json.loads(meta[b"params"]))
+        try:  # what the generator wrote (another version of this server may have written it)
+            params = GenerationParams(**json.loads(meta[b"params"]))
+            ids = [int(t) for t in meta[b"ids"].split()]
+            prompt = Prompt.loads(meta[b"prompt"]) if self.backend.pool is not None else None
+            texts = [json.loads(ev.data)["text"] for e in rec.events[1:] for ev in EventParser().feed(e)]
+        except (ValueError, TypeError, KeyError, ProtocolError) as e:
+            await r.delete(key("l", rec.id))
+            print(f"stream {rec.id}: what the store holds of it cannot be read ({e!r})", flush=True)
+            broken(rec, LOST)
+            return True
         prior = rec.answer
         self.taken_over += 1
         if self.on_takeover is not None:
@@ -173,16 +182,14 @@ class Takeover:
             f"(its generator's lease expired or was handed off){' (it was stopped: ending it)' if stopped else ''}",
             flush=True,
         )
-        texts = [json.loads(ev.data)["text"] for e in rec.events[1:] for ev in EventParser().feed(e)]
         if stopped or max(len(prior), len(texts)) >= params.max_tokens:  # nothing more to generate: only the end
             self.end(rec, written, "[DONE]")
             return True
         try:
-            if self.backend.pool is not None:  # an upstream continues the text so far
-                prompt = Prompt.loads(meta[b"prompt"])
+            if prompt is not None:  # an upstream continues the text so far
                 job = await self.backend.open(prompt, params, "".join(texts), len(texts))
             else:
-                job = self.backend.start([int(t) for t in meta[b"ids"].split()], params, prior)
+                job = self.backend.start(ids, params, prior)
         except ProtocolError as e:
             self.end(rec, written, json.dumps(error_body(e)), "error")
             return True
