@@ -55,11 +55,12 @@ class Timing(NamedTuple):
 
 class Result(Timing):
     """A Timing (it unpacks as the article's four values), plus `arrivals`: the seconds at which
-    each piece arrived."""
+    each piece arrived, and `usage`: the token counts the server reported (an API's usage), if any."""
 
-    def __new__(cls, first, total, received, pieces, arrivals=()):
+    def __new__(cls, first, total, received, pieces, arrivals=(), usage=None):
         r = super().__new__(cls, first, total, received, pieces)
         r.arrivals = list(arrivals)
+        r.usage = usage
         return r
 
 
@@ -250,10 +251,11 @@ async def api_post(fmt, prompt, n, url, stream=True, api_key=None, model=None, s
                 text = value["choices"][0]["message"]["content"]
             else:
                 text = "".join(b.get("text", "") for b in value["content"])
-            return Result(end, end, reply.received, [text], [end])
-        parser, pieces, arrivals, first = sse.EventParser(), [], [], None
+            return Result(end, end, reply.received, [text], [end], value.get("usage"))
+        parser, pieces, arrivals, first, usage = sse.EventParser(), [], [], None, None
         async for data in reply.chunks():
             for event in parser.feed(data):
+                usage = api_usage(fmt, event) or usage
                 text = api_text(fmt, event)
                 if text:
                     now = time.perf_counter() - t0
@@ -264,9 +266,22 @@ async def api_post(fmt, prompt, n, url, stream=True, api_key=None, model=None, s
                 w.close()
                 await asyncio.sleep(LEAVE_PAUSE)
                 break
-        return Result(first, time.perf_counter() - t0, reply.received, pieces, arrivals)
+        return Result(first, time.perf_counter() - t0, reply.received, pieces, arrivals, usage)
     finally:
         w.close()
+
+
+def api_usage(fmt, event):
+    """The token counts an event reports (OpenAI's usage chunk, Anthropic's message_delta), if any."""
+    if event.data == "[DONE]" or event.event == "error":
+        return None
+    if fmt == "openai":
+        try:
+            return read_chunk(event.data).usage
+        except ProtocolError:
+            return None
+    value = json.loads(event.data)
+    return value.get("usage") if value.get("type") == "message_delta" else None
 
 
 PROMPTS_FILE = Path(__file__).with_name("prompts.json")

@@ -2,7 +2,8 @@
 
     python scripts/bench.py load [--model bundled] [--dtype bfloat16] [--ns 1,4,16,32,48,64] [--no-peer]
     python scripts/bench.py profile [--model bundled] [--dtype float32]     # where a step's time goes
-    python scripts/bench.py qoe [--quick]     # QoE under Poisson arrivals and bursts (scripts/bench_qoe.py)
+    python scripts/bench.py qoe [--quick]     # QoE at equal work, interleaved with the peer (scripts/bench_qoe.py)
+    python scripts/bench.py guidellm [--quick]   # guidellm against both servers (scripts/bench_guidellm.py)
 
 For each server (this one with --engine batched, this one with --engine thread, and the peer
 `transformers serve --continuous-batching`), one after the other on the same model, dtype and
@@ -22,10 +23,13 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
+
+import bench_guidellm
+import bench_qoe
+from benchkit import PROMPTS, cpu_seconds, pct, pyplot, start_peer
 
 import client
 from streaming import qoe
@@ -41,33 +45,6 @@ JOIN_TOKENS = 2000  # the long prompt that joins 16 running streams
 JOIN_READ = 60  # tokens each of those 16 readers asks for: enough to span the join on a slow CPU
 LEAVE_TOKENS = 40  # tokens each of the 32 readers of the leave measurement asks for
 FREE_EVENTS = 4000  # events a request in the per-event cost measurement (max_tokens allows 4096)
-PROMPTS = client.prompts()
-
-
-def pct(values, q):
-    """Nearest-rank percentile (q in 0..100); None for no values."""
-    if not values:
-        return None
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, int(round(q / 100 * len(s) + 0.5)) - 1))]
-
-
-def answers(port):
-    """Whether an OpenAI-compatible server on `port` answers GET /v1/models."""
-    try:
-        asyncio.run(client.get_json("/v1/models", port=port))
-        return True
-    except (OSError, ValueError, client.ServerError):
-        return False
-
-
-def start_peer(folder, dtype, device="cpu"):
-    """`transformers serve --continuous-batching` as a child, on a model folder, once it answers."""
-    port = free_port()
-    exe = shutil.which("transformers") or str(Path(sys.executable).parent / "transformers")
-    argv = [exe, "serve", str(folder), "--continuous-batching", "--dtype", dtype, "--device", device]
-    argv += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
-    return Process("transformers serve", argv, port=port, stderr=True).wait(check=answers)  # its output if it fails
 
 
 async def readers(port, n, tokens=TOKENS, offset=0, leave_after=None, ours=True, model=None):
@@ -236,12 +213,6 @@ app = Starlette(routes=[Route("/stream", stream, methods=["POST"])])
 """
 
 
-def cpu_seconds(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def event_cost(model):
     """Server CPU time per event: ours (--engine free) and uvicorn + Starlette, same events."""
     out = {}
@@ -274,18 +245,6 @@ def cost_of(port, pid, events=FREE_EVENTS, rounds=5):
         n += len(asyncio.run(client.post("/stream", "x", events, port=port)).pieces)
     wall, cpu = time.perf_counter() - t0, cpu_seconds(pid) - c0
     return {"events": n, "cpu_us_per_event": 1e6 * cpu / n, "wall_us_per_event": 1e6 * wall / n}
-
-
-def pyplot():
-    """matplotlib's pyplot drawing to files, or None where matplotlib is missing (no picture)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    return plt
 
 
 def plot(results, path):
@@ -478,12 +437,16 @@ def profile(args):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["qoe"]:  # QoE under Poisson arrivals and bursts: its own script
-        import bench_qoe
-
+    if argv[:1] == ["qoe"]:  # QoE under Poisson arrivals and bursts, interleaved: its own script
         return bench_qoe.main(argv[1:])
+    if argv[:1] == ["guidellm"]:  # the field's benchmark tool against the same servers: its own script
+        return bench_guidellm.main(argv[1:])
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=["load", "profile", "qoe"], help="qoe: see scripts/bench_qoe.py")
+    p.add_argument(
+        "what",
+        choices=["load", "profile", "qoe", "guidellm"],
+        help="qoe, guidellm: see scripts/bench_qoe.py, bench_guidellm.py",
+    )
     p.add_argument("--model", default=os.environ.get("LM_MODEL", "bundled"))
     p.add_argument(
         "--dtype",

@@ -1,86 +1,114 @@
-"""What readers feel under load: QoE with Poisson arrivals and with bursts, this server's
-schedules and kernels against `transformers serve --continuous-batching`, in one run.
+"""What readers feel under load, at equal work, interleaved: this server against
+`transformers serve --continuous-batching`, both up at once, each load run on one then the other.
 
-    python scripts/bench.py qoe [--quick] [--eos] [--rates 0.5,1,2] [--bursts 8,16,32,48]
-                                [--configs fifo,qoe,qoe+int8] [--no-peer]
+    python scripts/bench.py qoe [--quick] [--rates 0.2,0.35,0.5] [--bursts 16,32,48]
+                                [--configs qoe] [--no-peer] [--seconds 60]
 
-Every server gets the same requests, drawn once with a fixed seed: OpenAI chat streams of the
-prompts in prompts.json with answer lengths uniform in LENGTHS (this server is told ignore_eos;
-the peer takes no such option, so it is given max_tokens and what it streams is counted), at
-temperature 0.7. The peer's answers end at end of sequence, which for these prompts comes after
-about 45 pieces, a quarter of the drawn lengths: with `--eos` this server stops there too, so
-every server does the same work (the fair comparison; without it this server streams the drawn
-lengths, four times the peer's tokens). Two workloads:
+A comparison that cannot flatter either side:
 
-- Poisson arrivals at each rate (requests a second) for --seconds;
-- bursts: N requests at once.
+- **Equal work.** Every request asks for exactly its drawn number of tokens, and gets it: this
+  server is told `ignore_eos`; `transformers serve` takes no such option and its continuous
+  batching ignores `min_new_tokens`, but a `generation_config` JSON string in the body replaces
+  its generation settings, and one whose end-of-sequence id is PEER_EOS (a padding row of the
+  Qwen2.5 vocabulary, never sampled) makes it generate exactly `max_new_tokens`. Every answer's
+  `usage.completion_tokens` is checked against what was asked; the table says how many differ.
+- **QoE on tokens.** What arrived is re-tokenized at each arrival (the same tokenizer serves
+  both), so a piece of several tokens counts them all, and the QoE (streaming/qoe.py, the Andes
+  paper's) is the reader's timeline in tokens, whoever chose the piece sizes.
+- **Interleaved.** Every server is up from the start (an idle one uses no CPU: measured and
+  printed), and each load runs on one server then the other, the order alternating from load to
+  load: these machines drift 2x within half an hour, so one server's whole sweep after the
+  other's would compare two machines.
+- **The noise, reported.** One reader alone (SINGLE tokens) runs at the start and again at the
+  end; the two figures show how much the machine moved meanwhile.
 
-First one reader alone (SINGLE tokens: first text, then tokens a second). Per rate and per N:
-mean QoE, p10 QoE, the share of readers at QoE >= 0.95 (streaming/qoe.py, a
-piece counted as a token), TTFT p50/p99, gap p99, tokens a second. The headlines: the
-**sustainable rate**, the highest rate whose mean QoE >= 0.95, and **readers served**, the
-largest burst in which 95% of readers get QoE >= 0.95; each with its ratio to the peer's. Saves
-results/qoe.json and results/qoe.png (mean QoE against the arrival rate, a line per server).
-Benchmarks are not tests: nothing here asserts.
+Loads: Poisson arrivals at each rate (requests a second, for --seconds, answers of LENGTHS
+tokens uniform) and bursts (N requests at once, BURST_TOKENS each), OpenAI chat streams of the
+prompts in prompts.json at temperature 0.7, top_p 0.9. Per load and server: mean QoE, p10, the
+share of readers at QoE >= 0.95, TTFT p50/p99, gap p99 between pieces, tokens a second (by
+usage), and the ratio to the peer. Headlines: the sustainable rate (the highest with mean QoE >=
+0.95), readers served (the largest burst with 95% at >= 0.95), and the issue's goals, each said
+met or not. Saves results/qoe.json and results/qoe.png. Benchmarks are not tests: nothing here
+asserts. `python scripts/bench.py guidellm` runs the field's tool against the same servers.
 
-Leaves out: arrival rates past the point where every server is clearly overloaded, and
-llama.cpp's server (it builds from source here, about 10 minutes).
+Leaves out: llama.cpp's server (it builds from source here, about 10 minutes) and vLLM (no
+CPU build here).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import random
 import time
 from pathlib import Path
 
-import bench
+from benchkit import PROMPTS, pct, pyplot, start_peer
 
 import client
 from streaming import qoe
-from streaming.launch import Server
+from streaming.launch import Process, Server
 from streaming.model.bundled import bundled_folder
 
-LENGTHS = (50, 300)  # tokens an answer: uniform, as the issue asks
-SINGLE = 300  # tokens of the single-stream measurement
-TEMPERATURE = 0.7
-RATES = [0.25, 0.5, 1.0, 1.5, 2.0]  # requests a second (Poisson)
-BURSTS = [8, 16, 32, 48, 64]
-SECONDS = 40.0  # of arrivals at each rate
-QUICK = {"rates": [0.5, 1.0, 2.0], "bursts": [16, 48], "seconds": 20.0}
+LENGTHS = (50, 300)  # tokens an answer under Poisson arrivals: uniform
+BURST_TOKENS = 100  # tokens an answer in a burst
+SINGLE = 200  # tokens of the one-reader measurement
+TEMPERATURE, TOP_P = 0.7, 0.9
+RATES = [0.2, 0.35, 0.5]  # requests a second (Poisson)
+BURSTS = [16, 32, 48]
+SECONDS = 60.0  # of arrivals at each rate
+QUICK = {"rates": [0.35], "bursts": [16], "seconds": 20.0}
+IDLE_SECONDS = 3.0  # how long each server's idle CPU is measured before the loads
+PEER_EOS = 151900  # a padding row of the Qwen2.5 vocabulary: never sampled, so the peer runs to max_new_tokens
 CONFIGS = {  # this server's settings to compare: name -> options
     "fifo": ["--schedule", "fifo"],
     "qoe": ["--schedule", "qoe"],
     "fifo+int8": ["--schedule", "fifo", "--quantize", "int8"],
     "qoe+int8": ["--schedule", "qoe", "--quantize", "int8"],
 }
-PEER = "transformers serve --continuous-batching"
+PEER = "transformers serve"
+# The issue's goals (#22), each a check of the headlines against the peer's.
+GOALS = [
+    ("sustainable rate at least 2x the peer's", "sustainable_rate", 2.0, "higher"),
+    ("burst of 48: mean QoE at least 1.5x the peer's", "burst48_qoe", 1.5, "higher"),
+    ("burst of 48: TTFT p99 at most a third of the peer's", "burst48_ttft_p99", 1 / 3, "lower"),
+    ("readers served at least 2x the peer's", "readers_served", 2.0, "higher"),
+    ("one reader at least 1.5x the peer's tokens/s", "single_tokens_per_s", 1.5, "higher"),
+]
 
 
-def workload(rate: float | None, n: int, seconds: float, seed: int) -> list[tuple[float, int, int]]:
-    """(start offset s, prompt index, max_tokens) per request: Poisson at `rate`, or n at once."""
+def extra(ours: bool, tokens: int) -> dict:
+    """What makes a request ask for exactly `tokens` tokens, on each kind of server."""
+    body = {"temperature": TEMPERATURE, "top_p": TOP_P, "stream_options": {"include_usage": True}}
+    if ours:
+        return body | {"ignore_eos": True}
+    config = {"max_new_tokens": tokens, "eos_token_id": PEER_EOS, "do_sample": True}
+    return body | {"generation_config": json.dumps(config | {"temperature": TEMPERATURE, "top_p": TOP_P})}
+
+
+def workload(kind: str, x: float, seconds: float, seed: int) -> list[tuple[float, int, int]]:
+    """(start offset s, prompt index, tokens) per request: Poisson at rate x, x at once, or one."""
     rnd = random.Random(seed)
+    if kind == "single":
+        return [(0.0, 0, SINGLE)]
+    if kind == "burst":
+        return [(0.0, rnd.randrange(len(PROMPTS)), BURST_TOKENS) for _ in range(int(x))]
     out, t = [], 0.0
-    while True:
-        if rate is not None:
-            t += rnd.expovariate(rate)
-            if t >= seconds:
-                return out
-        elif len(out) == n:
-            return out
-        out.append((t if rate is not None else 0.0, rnd.randrange(len(bench.PROMPTS)), rnd.randint(*LENGTHS)))
+    while (t := t + rnd.expovariate(x)) < seconds:
+        out.append((t, rnd.randrange(len(PROMPTS)), rnd.randint(*LENGTHS)))
+    return out
 
 
-async def drive(port: int, requests, ignore_eos: bool, model: str | None):
+async def drive(port: int, requests, ours: bool, model: str | None):
     url = f"http://127.0.0.1:{port}"
 
     async def one(i, start, prompt, tokens):
         await asyncio.sleep(max(0.0, start - (time.perf_counter() - t0)))
-        extra = {"temperature": TEMPERATURE} | ({"ignore_eos": True} if ignore_eos else {})
         try:
-            return await client.api_post("openai", bench.PROMPTS[prompt], tokens, url, seed=i, extra=extra, model=model)
+            text = PROMPTS[prompt]
+            return await client.api_post("openai", text, tokens, url, seed=i, extra=extra(ours, tokens), model=model)
         except (OSError, ValueError, client.ServerError) as e:
             return e
 
@@ -89,114 +117,199 @@ async def drive(port: int, requests, ignore_eos: bool, model: str | None):
     return results, time.perf_counter() - t0
 
 
-def figures(results, wall) -> dict:
-    good = [r for r in results if not isinstance(r, BaseException)]
-    scores = [qoe.qoe([(t, 1) for t in r.arrivals]) for r in good] + [0.0] * (len(results) - len(good))
-    ttft = [r.first for r in good if r.first is not None]
-    gaps = [b - a for r in good for a, b in zip(r.arrivals, r.arrivals[1:], strict=False)]
+def token_arrivals(result, tok) -> list[tuple[float, float]]:
+    """(seconds, tokens that arrived then) with what arrived re-tokenized at each arrival."""
+    out, text, count = [], "", 0
+    for t, piece in zip(result.arrivals, result.pieces, strict=True):
+        text += piece
+        n = len(tok(text, add_special_tokens=False).input_ids)
+        if n > count:
+            out.append((t, float(n - count)))
+            count = n
+    return out
+
+
+def figures(requests, results, wall, tok) -> dict:
+    good = [(r, asked) for r, (_, _, asked) in zip(results, requests, strict=True) if not isinstance(r, BaseException)]
+    scores = [qoe.qoe(token_arrivals(r, tok)) for r, _ in good] + [0.0] * (len(results) - len(good))
+    ttft = [r.first for r, _ in good if r.first is not None]
+    gaps = [b - a for r, _ in good for a, b in zip(r.arrivals, r.arrivals[1:], strict=False)]
+    generated = [(r.usage or {}).get("completion_tokens") for r, _ in good]
     return {
         **qoe.summary(scores),
         "requests": len(results),
         "failed": len(results) - len(good),
-        "ttft_p50": bench.pct(ttft, 50),
-        "ttft_p99": bench.pct(ttft, 99),
-        "gap_p99": bench.pct(gaps, 99),
-        "tokens_per_s": sum(len(r.pieces) for r in good) / wall if wall else None,
+        "asked_tokens": sum(asked for _, asked in good),
+        "generated_tokens": sum(g or 0 for g in generated),
+        "unequal": sum(g != asked for g, (_, asked) in zip(generated, good, strict=True)),  # usage says otherwise
+        "ttft_p50": pct(ttft, 50),
+        "ttft_p99": pct(ttft, 99),
+        "gap_p99": pct(gaps, 99),
+        "tokens_per_s": sum(g or 0 for g in generated) / wall if wall else None,
         "wall_s": wall,
     }
 
 
-def run_server(name, port, args, ours, model=None) -> dict:
-    print(f"\n{name}", flush=True)
-    print("  load          QoE mean  p10  >=.95   TTFT p50   p99 s   gap p99 ms   tokens/s   pieces", flush=True)
-    asyncio.run(drive(port, workload(None, 2, 0, 0), ours, model))  # warm
-    streamed = "every server stops at end of sequence" if args.eos else "the peer stops at end of sequence"
-    out: dict = {"rates": {}, "bursts": {}}
-    (one,), _ = asyncio.run(drive(port, [(0.0, 0, SINGLE)], ours, model))  # one reader alone, SINGLE tokens if it can
-    if isinstance(one, BaseException):
-        raise one
-    streamed = one.arrivals[-1] - one.arrivals[0]
-    out["single"] = {"ttft_s": one.first, "tokens_per_s": (len(one.arrivals) - 1) / streamed if streamed else None}
-    print(f"  one reader alone: first text {one.first:.2f} s, then {out['single']['tokens_per_s']:.1f} tokens/s")
-    plans = [("rate", r) for r in args.rates] + [("burst", n) for n in args.bursts]
-    for kind, x in plans:
-        requests = workload(x if kind == "rate" else None, int(x), args.seconds, seed=int(100 * x))
-        results, wall = asyncio.run(drive(port, requests, ours and not args.eos, model))
-        f = figures(results, wall)
-        f["mean_pieces"] = sum(len(r.pieces) for r in results if not isinstance(r, BaseException)) / len(results)
-        f["streamed"] = streamed
-        out["rates" if kind == "rate" else "bursts"][str(x)] = f
-        label = f"{x:g}/s Poisson" if kind == "rate" else f"burst of {x}"
-        print(
-            f"  {label:14s}  {f['qoe_mean']:.2f}  {f['qoe_p10']:.2f}  {f['qoe_share_95']:.2f}   "
-            f"{f['ttft_p50'] or 0:6.2f}  {f['ttft_p99'] or 0:6.2f}   {1000 * (f['gap_p99'] or 0):8.0f}   "
-            f"{f['tokens_per_s']:8.1f}   {f['mean_pieces']:6.0f}"
-            + (f"   ({f['failed']} failed)" if f["failed"] else ""),
-            flush=True,
-        )
-    out["sustainable_rate"] = max((float(r) for r, f in out["rates"].items() if f["qoe_mean"] >= 0.95), default=0.0)
-    out["readers_served"] = max((int(n) for n, f in out["bursts"].items() if f["qoe_share_95"] >= 0.95), default=0)
-    print(f"  sustainable rate {out['sustainable_rate']:g}/s; readers served in a burst {out['readers_served']}")
+def single_rate(result) -> float | None:
+    """A lone reader's tokens a second after its first text (by usage, less the first token)."""
+    if isinstance(result, BaseException) or len(result.arrivals) < 2:
+        return None
+    streamed = result.arrivals[-1] - result.arrivals[0]
+    tokens = (result.usage or {}).get("completion_tokens") or len(result.arrivals)
+    return (tokens - 1) / streamed if streamed else None
+
+
+def cpu_ticks(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def idle_cpu(servers: dict) -> dict:
+    """Each server's CPU ticks while nobody asks it anything, over IDLE_SECONDS."""
+    before = {name: cpu_ticks(s["process"].proc.pid) for name, s in servers.items()}
+    time.sleep(IDLE_SECONDS)
+    return {name: cpu_ticks(s["process"].proc.pid) - before[name] for name, s in servers.items()}
+
+
+def start(args) -> dict:
+    """Every server, up at once: {name: {"process", "port", "ours", "model"}}."""
+    servers = {}
+    for config in [c for c in args.configs.split(",") if c]:
+        name = f"this server, {config}"
+        p = Server(name, "--model", args.model, "--dtype", args.dtype, "--port", "0", *CONFIGS[config])
+        servers[name] = {"process": p, "ours": True, "model": None}
+    if args.peer:
+        folder = bundled_folder() if args.model == "bundled" else Path(args.model)
+        try:
+            peer = start_peer(folder, args.dtype)
+            servers[PEER] = {"process": peer, "ours": False, "model": str(folder)}
+        except (RuntimeError, TimeoutError, FileNotFoundError) as e:
+            print(f"{PEER}: could not start ({e})", flush=True)
+    for s in servers.values():
+        if isinstance(s["process"], Server):
+            s["process"].wait()
+        s["port"] = s["process"].port
+    return servers
+
+
+def stop(servers: dict) -> None:
+    for s in servers.values():
+        p: Process = s["process"]
+        p.stop()
+
+
+def loads(args) -> list[tuple[str, float]]:
+    return [("single", 0)] + [("rate", r) for r in args.rates] + [("burst", n) for n in args.bursts] + [("single", 1)]
+
+
+def label(kind: str, x: float) -> str:
+    return {
+        "single": f"one reader ({'end' if x else 'start'})",
+        "rate": f"{x:g}/s Poisson",
+        "burst": f"burst of {x:g}",
+    }[kind]
+
+
+def run(args, servers: dict, tok) -> dict:
+    names = list(servers)
+    out: dict = {name: {} for name in names}
+    for s in servers.values():  # warm: the first request's own costs (kernels, caches) out of the figures
+        asyncio.run(drive(s["port"], workload("burst", 2, 0, 0), s["ours"], s["model"]))
+    print(
+        "\n  load                 server                           QoE mean  p10  >=.95  TTFT p50  p99 s"
+        "  gap p99 ms  tokens/s  unequal",
+        flush=True,
+    )
+    for i, (kind, x) in enumerate(loads(args)):
+        requests = workload(kind, x, args.seconds, seed=int(100 * x) + 1)
+        for name in names if i % 2 == 0 else names[::-1]:  # each load on one then the other, alternating
+            s = servers[name]
+            results, wall = asyncio.run(drive(s["port"], requests, s["ours"], s["model"]))
+            f = figures(requests, results, wall, tok)
+            if kind == "single":
+                f["single_tokens_per_s"] = single_rate(results[0])
+            out[name][f"{kind} {x:g}"] = f
+            print(
+                f"  {label(kind, x):20s} {name:32s} {f['qoe_mean']:.3f}  {f['qoe_p10']:.2f}  {f['qoe_share_95']:.2f}"
+                f"   {f['ttft_p50'] or 0:6.2f} {f['ttft_p99'] or 0:6.2f}   {1000 * (f['gap_p99'] or 0):8.0f}"
+                f"  {f['tokens_per_s'] or 0:8.1f}  {f['unequal']:4d}"
+                + (f"  ({f['failed']} failed)" if f["failed"] else "")
+                + (
+                    f"  {f['single_tokens_per_s']:.2f} tokens/s alone"
+                    if kind == "single" and f["single_tokens_per_s"]
+                    else ""
+                ),
+                flush=True,
+            )
     return out
 
 
-def ours(args, config, out, saved):
-    child = Server(
-        f"this server, {config}", "--model", args.model, "--dtype", args.dtype, "--port", "0", *CONFIGS[config]
-    )
-    try:
-        child.wait()
-        out["servers"][f"this server, {config}"] = run_server(f"this server, {config}", child.port, args, True)
-    finally:
-        child.stop()
-    client.save(saved, out)
+def headlines(by_server: dict) -> dict:
+    """Per server: the sustainable rate, readers served, the burst of 48, one reader."""
+    out = {}
+    for name, loads_ in by_server.items():
+        rates = {float(k.split()[1]): f for k, f in loads_.items() if k.startswith("rate")}
+        bursts = {int(float(k.split()[1])): f for k, f in loads_.items() if k.startswith("burst")}
+        singles = [loads_[k]["single_tokens_per_s"] for k in ("single 0", "single 1") if loads_.get(k)]
+        b48 = bursts.get(48, {})
+        out[name] = {
+            "sustainable_rate": max((r for r, f in rates.items() if f["qoe_mean"] >= 0.95), default=0.0),
+            "readers_served": max((n for n, f in bursts.items() if f["qoe_share_95"] >= 0.95), default=0),
+            "burst48_qoe": b48.get("qoe_mean"),
+            "burst48_ttft_p99": b48.get("ttft_p99"),
+            "single_tokens_per_s": sum(s for s in singles if s) / len([s for s in singles if s])
+            if any(singles)
+            else None,
+            "single_start_end": singles,
+        }
+    return out
 
 
-def peer(args, out, saved):
-    folder = bundled_folder() if args.model == "bundled" else args.model
-    try:
-        p = bench.start_peer(folder, args.dtype)
-    except (RuntimeError, TimeoutError, FileNotFoundError) as e:
-        print(f"\n{PEER}: could not start ({e})", flush=True)
-        return
-    try:
-        out["servers"][PEER] = run_server(PEER, p.port, args, False, model=str(folder))
-    finally:
-        p.stop()
-    client.save(saved, out)
-
-
-def compare(out) -> None:
-    them = out["servers"].get(PEER)
-    print("\nheadlines (this machine, one run):")
-    for name, r in out["servers"].items():
-        line = f"  {name:44s} sustainable rate {r['sustainable_rate']:g}/s, readers served {r['readers_served']}"
-        line += f", one stream {r['single']['tokens_per_s']:.1f} tokens/s"
-        if them and name != PEER:
-            ratios = {}
-            for key in ("sustainable_rate", "readers_served"):
-                ratios[key] = r[key] / them[key] if them[key] else None
-            ratios["single"] = r["single"]["tokens_per_s"] / them["single"]["tokens_per_s"]
-            r["vs_peer"] = ratios
-            line += "; vs the peer " + ", ".join(f"{v:.2f}x" if v else "-" for v in ratios.values())
-        print(line, flush=True)
+def compare(heads: dict) -> dict:
+    them = heads.get(PEER)
+    print("\nheadlines (this machine, one interleaved run, equal work):", flush=True)
+    verdicts: dict = {}
+    for name, h in heads.items():
+        singles = ", ".join(f"{s:.2f}" for s in h["single_start_end"] if s)
+        print(
+            f"  {name:32s} sustainable rate {h['sustainable_rate']:g}/s, readers served {h['readers_served']}, "
+            f"burst of 48 QoE {h['burst48_qoe'] or 0:.3f} TTFT p99 {h['burst48_ttft_p99'] or 0:.2f} s, "
+            f"one reader {singles} tokens/s (start, end)",
+            flush=True,
+        )
+        if them is None or name == PEER:
+            continue
+        verdicts[name] = {}
+        for goal, key, factor, better in GOALS:
+            mine, theirs = h[key], them[key]
+            ratio = mine / theirs if mine is not None and theirs else None
+            met = ratio is not None and (ratio >= factor if better == "higher" else ratio <= factor)
+            verdicts[name][key] = {"ratio": ratio, "met": met}
+            shown = f"{ratio:.2f}x" if ratio is not None else "n/a"
+            print(f"    {goal}: {shown} -> {'met' if met else 'NOT met'}", flush=True)
+    return verdicts
 
 
 def plot(out, path):
-    if (plt := bench.pyplot()) is None:
+    if (plt := pyplot()) is None:
         return None
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    for name, r in out["servers"].items():
-        rates = sorted(r["rates"], key=float)
-        a.plot([float(x) for x in rates], [r["rates"][x]["qoe_mean"] for x in rates], "o-", label=name)
-        ns = sorted(r["bursts"], key=int)
-        b.plot([int(n) for n in ns], [r["bursts"][n]["qoe_share_95"] for n in ns], "o-", label=name)
-    a.axhline(0.95, color="gray", ls="--")
-    b.axhline(0.95, color="gray", ls="--")
-    a.set(xlabel="arrival rate (requests/s, Poisson)", ylabel="mean QoE", ylim=(0, 1.02))
-    b.set(xlabel="burst size (requests at once)", ylabel="share of readers at QoE >= 0.95", ylim=(0, 1.02))
+    for name, loads_ in out["servers"].items():
+        rates = sorted((float(k.split()[1]), f) for k, f in loads_.items() if k.startswith("rate"))
+        a.plot([r for r, _ in rates], [f["qoe_mean"] for _, f in rates], "o-", label=name)
+        bursts = sorted((int(float(k.split()[1])), f) for k, f in loads_.items() if k.startswith("burst"))
+        b.plot([n for n, _ in bursts], [f["qoe_mean"] for _, f in bursts], "o-", label=name)
+    for ax in (a, b):
+        ax.axhline(0.95, color="gray", ls="--")
+    a.set(xlabel="arrival rate (requests/s, Poisson)", ylabel="mean QoE (on tokens)", ylim=(0, 1.02))
+    b.set(xlabel="burst size (requests at once)", ylabel="mean QoE (on tokens)", ylim=(0, 1.02))
     a.legend(fontsize=7)
-    fig.suptitle(f"{out['model']} in {out['dtype']}, answers of {LENGTHS[0]}-{LENGTHS[1]} tokens", fontsize=10)
+    fig.suptitle(
+        f"{out['model']} in {out['dtype']}, equal work, interleaved; Poisson answers of {LENGTHS[0]}-{LENGTHS[1]} "
+        f"tokens, bursts of {BURST_TOKENS}",
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -213,13 +326,8 @@ def main(argv=None):
     p.add_argument("--rates", default=",".join(map(str, RATES)), help="Poisson arrival rates, requests a second")
     p.add_argument("--bursts", default=",".join(map(str, BURSTS)), help="burst sizes")
     p.add_argument("--seconds", type=float, default=SECONDS, help="seconds of arrivals at each rate")
-    p.add_argument("--configs", default="fifo,qoe,qoe+int8", help=f"this server's settings, of {', '.join(CONFIGS)}")
+    p.add_argument("--configs", default="qoe", help=f"this server's settings, of {', '.join(CONFIGS)}")
     p.add_argument("--peer", action=argparse.BooleanOptionalAction, default=True, help="run transformers serve too")
-    p.add_argument(
-        "--eos",
-        action="store_true",
-        help="this server stops at end of sequence too (the peer has no ignore_eos): the same work for all",
-    )
     p.add_argument("--results", default="results")
     args = p.parse_args(argv)
     args.rates = QUICK["rates"] if args.quick else [float(x) for x in args.rates.split(",") if x]
@@ -227,16 +335,21 @@ def main(argv=None):
     args.seconds = QUICK["seconds"] if args.quick else args.seconds
     lm.configure(model=args.model)
     args.dtype = args.dtype or str(lm.dtype()).removeprefix("torch.")
-    out = {"model": args.model, "dtype": args.dtype, "lengths": LENGTHS, "seconds": args.seconds, "eos": args.eos}
-    out["servers"] = {}
-    saved = Path(args.results) / "qoe.json"
-    for config in [c for c in args.configs.split(",") if c]:
-        ours(args, config, out, saved)
     if args.peer and args.model in lm.NAMED[1:]:
-        print(f"\nthe peer is skipped: --model {args.model} lives only in this project's processes", flush=True)
-    elif args.peer:
-        peer(args, out, saved)
-    compare(out)
+        print(f"the peer is skipped: --model {args.model} lives only in this project's processes", flush=True)
+        args.peer = False
+    out = {"model": args.model, "dtype": args.dtype, "lengths": LENGTHS, "burst_tokens": BURST_TOKENS}
+    out |= {"seconds": args.seconds, "peer_eos": PEER_EOS, "interleaved": True}
+    servers = start(args)
+    try:
+        out["idle_cpu_ticks"] = idle_cpu(servers)
+        print(f"idle CPU ticks in {IDLE_SECONDS:g} s (an idle server must use none): {out['idle_cpu_ticks']}")
+        out["servers"] = run(args, servers, lm.tok)
+    finally:
+        stop(servers)
+    out["headlines"] = headlines(out["servers"])
+    out["goals"] = compare(out["headlines"])
+    saved = Path(args.results) / "qoe.json"
     client.save(saved, out)
     picture = plot(out, Path(args.results) / "qoe.png")
     print(f"saved {saved}" + (f" and {picture}" if picture else ""), flush=True)

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import redis
-from bench import cpu_seconds
+from benchkit import cpu_seconds
 
 from streaming import reader
 from streaming.launch import Server

@@ -92,6 +92,22 @@ def test_prefill_group_takes_whole_prompts_in_order_within_the_budget():
     assert prefill_group([10, 10, 500, 10], 2048, longest=128) == 2  # a long prompt goes alone, later
 
 
+def test_qoe_runs_every_row_when_nobody_needs_a_place():
+    """Work-conserving: rows far ahead of their readers, nobody joining: every row runs (an idle
+    machine holding a stream back helps nobody); a prompt waiting to join, or a reader about to
+    wait, is what makes a row sit out."""
+    ahead = [
+        Fake(delivered=200, last_at=19.9),
+        Fake(delivered=300, last_at=19.9),
+        Fake(delivered=250, last_at=19.9, orphaned=True),
+    ]
+    assert Qoe(min_batch=1).plan(ahead, now=20.0).run == [0, 1, 2]
+    assert Qoe(min_batch=1).plan(ahead, now=20.0, joining=19.99).run == [0]  # a newcomer: they make room
+    behind = [*ahead, Fake(delivered=80, last_at=19.9)]
+    assert Qoe(min_batch=1).plan(behind, now=20.0).run == [3]  # a reader about to wait runs alone
+    assert Qoe(min_batch=1, conserving=False).plan(ahead, now=20.0).run == [0]
+
+
 def test_qoe_starves_no_row_under_overload():
     """40 readers on a machine that can serve fewer at reading speed: every row still runs at
     least every MAX_SKIP seconds, and the policy never runs an empty step."""
@@ -182,7 +198,7 @@ def test_rows_that_sit_steps_out_keep_their_text_and_a_stop_holds_within_a_step(
     net = ExactModel(lm.load_tokenizer()).to(dtype)
 
     async def run():
-        e, jobs, clock = stepped(net, Qoe(min_batch=1), 6, tokens=30)
+        e, jobs, clock = stepped(net, Qoe(min_batch=1, conserving=False), 6, tokens=30)
         jobs[0].orphaned = True  # a resumable stream nobody reads: spare places only
         skipped_orphan = 0
         with torch.inference_mode():

@@ -16,7 +16,11 @@ first); a row far ahead can sit steps out, which makes the step cheaper for the 
 time to prefill newcomers, whose first text is what a burst waits for. The prompts that wait to
 join take the whole MAX_PREFILL when the first of them is as far behind as any running row (in a
 burst, first text for everyone before more text for some); otherwise the budget plus what the
-running rows' slack can spare. Promises kept:
+running rows' slack can spare. It is work-conserving: a row sits a step out only when its place
+serves someone who needs it (a reader about to wait, or a prompt waiting to join); with nobody in
+need every row runs, orphans too, since an idle machine holding a stream back helps nobody (a
+burst of 16 got 70 tokens/s and mean QoE 0.90 under qoe against fifo's 85 and 0.93 when rows far
+ahead sat out of steps that had room). Promises kept:
 - no starvation: slack falls as time passes, so a skipped row becomes urgent; and no row waits
   more than MAX_SKIP seconds between tokens whatever its slack;
 - a resumable stream with no reader (orphaned) runs only in the spare places of a step.
@@ -82,9 +86,10 @@ class Qoe:
         horizon: float = HORIZON,
         min_batch: int = MIN_BATCH,
         token_seconds: float = PREFILL_TOKEN_SECONDS,
+        conserving: bool = True,
     ) -> None:
         self.budget, self.rate, self.ttft, self.horizon = budget, rate, ttft, horizon
-        self.min_batch, self.token_seconds = min_batch, token_seconds
+        self.min_batch, self.token_seconds, self.conserving = min_batch, token_seconds, conserving
 
     def slack(self, created: float, delivered: int, now: float) -> float:
         """Seconds before a reader who reads at R from TTFT on runs out of text (negative: waiting)."""
@@ -96,6 +101,8 @@ class Qoe:
         urgent = [
             i for i, r in enumerate(rows) if now - r.last_at >= MAX_SKIP or (not r.orphaned and slack[i] < self.horizon)
         ]
+        if self.conserving and not urgent and joining is None:  # nobody needs a place: everyone runs
+            return Plan(list(range(len(rows))), self.budget)
         run = sorted(urgent, key=lambda i: slack[i])
         if len(run) < self.min_batch:  # spare places: the least ahead of the rest, readers before orphans
             rest = sorted((i for i in range(len(rows)) if i not in urgent), key=lambda i: (rows[i].orphaned, slack[i]))

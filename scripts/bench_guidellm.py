@@ -1,0 +1,167 @@
+"""The field's own benchmark tool, guidellm (the vLLM project's), against this server and
+`transformers serve --continuous-batching`, both up at once, at equal work, interleaved.
+
+    python scripts/bench.py guidellm [--quick] [--rates 0.2,0.35] [--output-tokens 100]
+
+guidellm 0.8.1 is installed into a virtual environment of its own (.venv-guidellm, about a minute
+and a half the first time: it pins packages this project's environment must not take). Each
+profile (one request at a time, then Poisson at each rate) runs on one server then the other,
+the order alternating. guidellm asks every server for exactly `output_tokens` (`ignore_eos`,
+`max_completion_tokens`); `transformers serve` takes neither, so it is also sent the
+`generation_config` of bench_qoe.py that makes it generate exactly that many (checked: guidellm's
+report counts the output tokens). Synthetic prompts of --prompt-tokens tokens, the bundled
+tokenizer. Saves guidellm's report per server and profile under results/guidellm/ (JSON and CSV)
+and prints its console tables; the summary below them is TTFT, inter-token latency and output
+tokens a second, median and p99, side by side. Benchmarks are not tests: nothing here asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import bench_qoe
+from benchkit import pct
+
+from streaming.launch import ROOT
+from streaming.model.bundled import bundled_folder
+
+VERSION = "0.8.1"
+VENV = ROOT / ".venv-guidellm"
+RATES = [0.2, 0.35]  # requests a second (Poisson)
+SECONDS = 60  # of each Poisson profile
+SYNCHRONOUS = 3  # requests one at a time
+QUICK = {"rates": [0.35], "seconds": 20, "synchronous": 2}
+
+
+def guidellm() -> Path:
+    """The guidellm command, installed into its own environment if it is not there."""
+    exe = VENV / "bin" / "guidellm"
+    if not exe.exists():
+        print(f"installing guidellm {VERSION} into {VENV} (once, about 1.5 minutes)", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+        subprocess.run([str(VENV / "bin" / "pip"), "install", "--quiet", f"guidellm=={VERSION}"], check=True)
+    return exe
+
+
+def backend(port: int, ours: bool, tokens: int, model: str | None) -> str:
+    value: dict = {"kind": "openai_http", "target": f"http://127.0.0.1:{port}"}
+    if model is not None:
+        value["model"] = model
+    if not ours:  # equal work: the peer has no ignore_eos
+        value["extras"] = {"body": bench_qoe.extra(False, tokens)}
+    return json.dumps(value)
+
+
+def profile_run(exe: Path, name: str, server: dict, profile: str, args, folder: Path, out: Path) -> dict | None:
+    data = f"kind=synthetic_text,prompt_tokens={args.prompt_tokens},output_tokens={args.output_tokens}"
+    kind, _, rate = profile.partition(" ")
+    if kind == "synchronous":
+        prof, constraint = "kind=synchronous", f"kind=max_requests,count={args.synchronous}"
+    else:
+        prof, constraint = f"kind=poisson,rate={rate}", f"kind=max_duration,duration={args.seconds}"
+    stem = out / f"{name.replace(', ', '-').replace(' ', '_')}-{profile.replace(' ', '-')}"
+    argv = [str(exe), "run", "--backend", backend(server["port"], server["ours"], args.output_tokens, server["model"])]
+    argv += ["--profile", prof, "--constraint", constraint, "--data", data]
+    argv += ["--tokenizer", f"kind=huggingface_auto,model={folder}", "--disable-progress"]
+    argv += ["--output", "kind=console", "--output", f"kind=json,path={stem}.json"]
+    argv += ["--output", f"kind=csv,path={stem}.csv"]
+    print(f"\n== guidellm, {profile}, {name}", flush=True)
+    r = subprocess.run(argv, cwd=ROOT, env=dict(os.environ, HF_HUB_OFFLINE="1"), text=True)
+    if r.returncode != 0 or not Path(f"{stem}.json").exists():
+        print(f"guidellm failed (exit {r.returncode})", flush=True)
+        return None
+    return summary(json.loads(Path(f"{stem}.json").read_text()))
+
+
+def summary(report: dict) -> dict:
+    """TTFT, inter-token latency (ms) and output tokens a second from guidellm's JSON, whatever
+    its nesting: the per-request values where it keeps them, else its own statistics."""
+    found: dict[str, list[float]] = {"ttft_ms": [], "itl_ms": [], "output_tokens": [], "wall_s": []}
+
+    def walk(x):
+        if isinstance(x, dict):
+            for key, target in (("time_to_first_token_ms", "ttft_ms"), ("inter_token_latency_ms", "itl_ms")):
+                if isinstance(x.get(key), int | float):
+                    found[target].append(float(x[key]))
+            if isinstance(x.get("output_tokens"), int) and "request_id" in x:
+                found["output_tokens"].append(x["output_tokens"])
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, list):
+            for v in x:
+                walk(v)
+
+    walk(report)
+    return {
+        "ttft_ms_p50": pct(found["ttft_ms"], 50),
+        "ttft_ms_p99": pct(found["ttft_ms"], 99),
+        "itl_ms_p50": pct(found["itl_ms"], 50),
+        "itl_ms_p99": pct(found["itl_ms"], 99),
+        "requests": len(found["output_tokens"]),
+        "output_tokens_mean": sum(found["output_tokens"]) / len(found["output_tokens"])
+        if found["output_tokens"]
+        else None,
+    }
+
+
+def main(argv=None):
+    import lm
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=os.environ.get("LM_MODEL", "bundled"))
+    p.add_argument("--dtype", default=None, help="the same for every server (default: the project's)")
+    p.add_argument("--quick", action="store_true", help=f"fewer profiles: {QUICK}")
+    p.add_argument("--rates", default=",".join(map(str, RATES)), help="Poisson arrival rates, requests a second")
+    p.add_argument("--seconds", type=int, default=SECONDS, help="seconds of each Poisson profile")
+    p.add_argument("--synchronous", type=int, default=SYNCHRONOUS, help="requests of the one-at-a-time profile")
+    p.add_argument("--prompt-tokens", type=int, default=64)
+    p.add_argument("--output-tokens", type=int, default=100)
+    p.add_argument("--configs", default="qoe", help="this server's settings (bench_qoe.CONFIGS)")
+    p.add_argument("--peer", action=argparse.BooleanOptionalAction, default=True, help="run transformers serve too")
+    p.add_argument("--results", default="results")
+    args = p.parse_args(argv)
+    rates = QUICK["rates"] if args.quick else [float(x) for x in args.rates.split(",") if x]
+    if args.quick:
+        args.seconds, args.synchronous = QUICK["seconds"], QUICK["synchronous"]
+    lm.configure(model=args.model)
+    args.dtype = args.dtype or str(lm.dtype()).removeprefix("torch.")
+    if args.model in lm.NAMED[1:]:
+        args.peer = False  # (the test models live only in this project's processes)
+    folder = bundled_folder() if args.model in lm.NAMED else Path(args.model)
+    exe = guidellm()
+    out_dir = Path(args.results) / "guidellm"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    servers = bench_qoe.start(args)
+    table: dict = {name: {} for name in servers}
+    try:
+        profiles = ["synchronous"] + [f"poisson {r:g}" for r in rates]
+        for i, profile in enumerate(profiles):
+            names = list(servers) if i % 2 == 0 else list(servers)[::-1]
+            for name in names:
+                table[name][profile] = profile_run(exe, name, servers[name], profile, args, folder, out_dir)
+    finally:
+        bench_qoe.stop(servers)
+    print("\nguidellm, side by side (ms; output tokens per request, asked:", args.output_tokens, ")", flush=True)
+    print("  profile         server                           TTFT p50    p99   ITL p50    p99  requests  tokens")
+    for profile in profiles:
+        for name in servers:
+            s = table[name].get(profile) or {}
+            print(
+                f"  {profile:14s}  {name:32s} {s.get('ttft_ms_p50') or 0:8.0f} {s.get('ttft_ms_p99') or 0:6.0f}"
+                f"  {s.get('itl_ms_p50') or 0:8.1f} {s.get('itl_ms_p99') or 0:6.1f}  {s.get('requests', 0):8d}"
+                f"  {s.get('output_tokens_mean') or 0:6.1f}",
+                flush=True,
+            )
+    saved = out_dir / "summary.json"
+    saved.write_text(json.dumps({"model": args.model, "dtype": args.dtype, "profiles": table}, indent=2))
+    print(f"saved {saved} and guidellm's reports in {out_dir}", flush=True)
+    return table
+
+
+if __name__ == "__main__":
+    main()
