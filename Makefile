@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 TORCH ?= $(if $(filter Linux-x86_64,$(shell uname -s)-$(shell uname -m)),torch==2.13.0,torch)
 MODEL ?= bundled
 
-.PHONY: setup test reproduce bench-detok bench-load bench-qoe lint format clean
+.PHONY: setup test reproduce bench-detok bench-load bench-qoe bench-guidellm lint format clean
 
 setup: $(STAMP)
 
@@ -54,6 +54,10 @@ bench-load: $(STAMP)
 bench-qoe: $(STAMP)
 	$(BIN)/pip install --quiet -e ".[bench]"
 	$(BIN)/python scripts/bench.py qoe --model $(MODEL)
+
+bench-guidellm: $(STAMP)
+	$(BIN)/pip install --quiet -e ".[bench]"
+	$(BIN)/python scripts/bench.py guidellm --model $(MODEL)
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check .

@@ -26,6 +26,7 @@ SKIP = {  # a pattern of the command line: why it does not run here
     r"^python server\.py --naive$": "a second server on the same port (the first is running)",
     r"^python scripts/bench\.py load$": "the full benchmark takes an hour (the quick form runs)",
     r"^python scripts/bench\.py qoe$": "the full QoE benchmark takes most of an hour (the quick form runs)",
+    r"^python scripts/bench\.py guidellm": "installs guidellm into a venv of its own and runs it against the peer",
     r"Last-Event-ID: S\.12": "its id is a placeholder for one you noted",
 }
 BACKGROUND = {"python server.py": 8765, "python proxy.py": 8766}  # long-running: started, waited for
