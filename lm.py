@@ -43,13 +43,14 @@ def configure(
     device: str | None = None,
     dtype: str | None = None,
     quantize: str | None = None,
+    kernels: str | None = None,
 ) -> None:
     """Set the model, device and dtype before the first use; from parsed args or keywords."""
     global DEVICE
     if args is not None:
         model, device, dtype = args.model, args.device, args.dtype
-        quantize = getattr(args, "quantize", None)
-    _model.choose(model, device, dtype, quantize)
+        quantize, kernels = getattr(args, "quantize", None), getattr(args, "kernels", None)
+    _model.choose(model, device, dtype, quantize, kernels)
     DEVICE = _model.device
 
 

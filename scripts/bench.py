@@ -391,18 +391,23 @@ def merge(out, name, result):
 
 def profile(args):
     """Where a step's time goes: one decode step of the model at batch sizes 1 to 64 (a 64-token
-    context), and torch.profiler's top operators at batch 16."""
+    context) with the kernels measured at load (streaming/model/kernels.py) and with F.linear
+    everywhere, and torch.profiler's top operators at batch 16."""
     import torch
     from transformers import DynamicCache
 
     import lm
     from streaming.generation import kv
+    from streaming.model import kernels
 
-    lm.configure(model=args.model, dtype=args.dtype)
+    lm.configure(model=args.model, dtype=args.dtype, kernels="measure")
     m = lm.model()
     ids = lm.tok(PROMPTS[0]).input_ids[:64]
-    out = {"model": lm.model_name(), "dtype": str(lm.dtype()).removeprefix("torch."), "step_ms": {}}
+    out = {"model": lm.model_name(), "dtype": str(lm.dtype()).removeprefix("torch."), "step_ms": {}, "linear_ms": {}}
     out["quantize"] = lm.quantization()  # LM_QUANTIZE=int8 profiles the quantized kernels
+    out["kernels"] = getattr(m, "kernel_tables", None)
+    layers = [x for x in m.modules() if isinstance(x, kernels.ChosenLinear)]
+    print(f"kernels: {kernels.describe(out['kernels'] or {})}")
     print(f"one decode step, {len(ids)}-token context, {out['dtype']}, --quantize {out['quantize']}:", flush=True)
 
     def batch_cache(b):
@@ -416,15 +421,26 @@ def profile(args):
         with torch.inference_mode():
             m(input_ids=torch.full((b, 1), 100), cache=c, use_cache=True, logits_to_keep=1)
 
-    for b in (1, 4, 16, 32, 64):
+    def timed(b, fixed):
+        for layer in layers:
+            layer.fixed = fixed
         c = batch_cache(b)
         step(c, b)
         t0 = time.perf_counter()
         for _ in range(3):
             step(c, b)
-        ms_ = 1000 * (time.perf_counter() - t0) / 3
-        out["step_ms"][b] = ms_
-        print(f"  batch {b:2d}: {ms_:6.0f} ms a step, {ms_ / b:6.1f} ms a token", flush=True)
+        return 1000 * (time.perf_counter() - t0) / 3
+
+    for b in (1, 2, 4, 8, 16, 32, 64):
+        chosen, plain = timed(b, None), timed(b, "linear")  # the same weights, F.linear forced
+        out["step_ms"][b], out["linear_ms"][b] = chosen, plain
+        print(
+            f"  batch {b:2d}: {chosen:6.0f} ms a step ({chosen / b:6.1f} a token); "
+            f"F.linear everywhere {plain:6.0f} ms: {plain / chosen:4.2f}x",
+            flush=True,
+        )
+    for layer in layers:
+        layer.fixed = None
     c = batch_cache(16)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         step(c, 16)

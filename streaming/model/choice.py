@@ -19,6 +19,7 @@ import torch
 DTYPES = ("bfloat16", "float16", "float32")
 NAMED = ("bundled", "tiny", "exact")  # the names that are not a hub id, folder or .gguf path
 QUANTIZE = ("none", "int8", "int4")  # quant.py
+KERNELS = ("measure", "linear")  # kernels.py
 
 
 class ModelError(RuntimeError):
@@ -31,13 +32,23 @@ class Choice:
     device: str | None = None  # None: the best found (best_device)
     dtype: str | None = None  # None: per device (default_dtype)
     quantize: str = "none"
+    kernels: str | None = None  # None: measured for a real model, `linear` for the test models
 
     @classmethod
     def from_env(cls) -> Choice:
-        return cls(os.environ.get("LM_MODEL", "bundled"), quantize=os.environ.get("LM_QUANTIZE", "none"))
+        return cls(
+            os.environ.get("LM_MODEL", "bundled"),
+            quantize=os.environ.get("LM_QUANTIZE", "none"),
+            kernels=os.environ.get("LM_KERNELS") or None,
+        )
 
     def update(
-        self, model: str | None = None, device: str | None = None, dtype: str | None = None, quantize: str | None = None
+        self,
+        model: str | None = None,
+        device: str | None = None,
+        dtype: str | None = None,
+        quantize: str | None = None,
+        kernels: str | None = None,
     ) -> None:
         """Set what is given, checking each value (ModelError names the choices)."""
         if model:
@@ -53,7 +64,19 @@ class Choice:
             self.quantize = quantize
         if self.quantize not in QUANTIZE:
             raise ModelError(f"unknown quantization {self.quantize!r}: choose one of {', '.join(QUANTIZE)}")
+        if kernels:
+            self.kernels = kernels
+        if self.kernels is not None and self.kernels not in KERNELS:
+            raise ModelError(f"unknown kernels {self.kernels!r}: choose one of {', '.join(KERNELS)}")
         check_model_name(self.model)
+
+    def kernel_choice(self) -> str:
+        """How Linear layers choose their kernel (kernels.py): timed at load on the CPU for a real
+        model; the test models keep `linear` unless asked (timings of tiny weights are noise, and
+        two processes must compute the same bits)."""
+        if self.device_name() != "cpu":
+            return "linear"
+        return self.kernels or ("linear" if self.model in NAMED[1:] else "measure")
 
     def device_name(self) -> str:
         return self.device or best_device()
@@ -75,7 +98,15 @@ def add_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> 
         "--quantize",
         default=None,
         choices=QUANTIZE,
-        help="int8 or int4: weight-only quantized Linear layers on the CPU, 2.5x faster at batch 1 ($LM_QUANTIZE)",
+        help="int8 or int4: weight-only quantized Linear layers on the CPU, used at the row counts where they are "
+        "faster ($LM_QUANTIZE)",
+    )
+    parser.add_argument(
+        "--kernels",
+        default=None,
+        choices=KERNELS,
+        help="measure (default on the CPU): each Linear runs the product measured fastest at load for its row count; "
+        "linear: torch's F.linear always ($LM_KERNELS)",
     )
 
 

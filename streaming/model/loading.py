@@ -15,13 +15,17 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
-from streaming.model import bundled, quant
+from streaming.model import bundled, kernels, quant
 from streaming.model.choice import NAMED, Choice, ModelError, check_model_name
 from streaming.model.testing import ExactModel, tiny_model
+
+log = logging.getLogger("streaming.model")
 
 
 class Model:
@@ -40,12 +44,17 @@ class Model:
         return self._net is not None
 
     def choose(
-        self, model: str | None = None, device: str | None = None, dtype: str | None = None, quantize: str | None = None
+        self,
+        model: str | None = None,
+        device: str | None = None,
+        dtype: str | None = None,
+        quantize: str | None = None,
+        kernels: str | None = None,
     ) -> None:
         """Change the choice (checked); only before the tokenizer or the network is loaded."""
-        if (self._net is not None or self._tokenizer is not None) and (model or device or dtype or quantize):
+        if (self._net is not None or self._tokenizer is not None) and (model or device or dtype or quantize or kernels):
             raise ModelError("configure() must come before the model or tokenizer is first used")
-        self.choice.update(model, device, dtype, quantize)
+        self.choice.update(model, device, dtype, quantize, kernels)
 
     @property
     def tokenizer(self) -> Any:
@@ -82,6 +91,7 @@ class Model:
             "device": self.device,
             "dtype": str(self.choice.torch_dtype()).removeprefix("torch."),
             "quantize": self.choice.quantize,
+            "kernels": getattr(self._net, "kernel_tables", None) or self.choice.kernel_choice(),
         }
 
     def served_name(self) -> str:
@@ -127,6 +137,11 @@ def load_net(choice: Choice, tokenizer: Any) -> Any:
         if device != "cpu":
             raise ModelError(f"--quantize {choice.quantize} uses torch's CPU kernels: use --device cpu")
         m = quant.quantize(m, choice.quantize)
+    if choice.kernel_choice() == "measure":  # the CPU only
+        kernels.wrap(m)  # the layers quantize left dense (all of them unquantized, or int4's odd shapes)
+        t0 = time.perf_counter()
+        m.kernel_tables = kernels.measure(m, bundled.CACHE)
+        log.info("kernels chosen in %.1f s: %s", time.perf_counter() - t0, kernels.describe(m.kernel_tables))
     return m
 
 

@@ -9,11 +9,12 @@ kernels that multiply by them without widening the whole matrix first:
 - int4: `torch.ops.aten._convert_weight_to_int4pack_for_cpu` once, then
   `torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, group_size, scales_and_zeros)`.
 
-The kernels win while few rows multiply (measured here on the bundled model in bfloat16, one
-decode step: 52 ms dense against 21 ms int8 at batch 1, but 146 against 116 ms at batch 32), so
-each layer keeps its dense weight too and picks per call: the quantized kernel up to DENSE_FROM
-rows, the dense one from there (prefills and big batches). Memory: the dense weights plus half
-(int8) or a quarter (int4) more.
+Whether they win depends on the machine: on an AVX-512 one (the bundled model in bfloat16, one
+decode step) 52 ms dense against 21 ms int8 at batch 1, but 146 against 116 ms at batch 32; on an
+AVX2 one in float32 int8 is 2x slower than dense at 1 row and 40x at 32. So each layer keeps its
+dense weight too and picks per call from the timings kernels.py takes at load: the quantized
+kernel at the row counts where it is faster, a dense one elsewhere (so `--quantize` is never
+slower than dense, only larger). Memory: the dense weights plus half (int8) or a quarter (int4) more.
 
 Quantizing takes about 1.3 s for the 0.5B model, so it is done at every load rather than cached.
 Leaves out: activation quantization (the dynamic int8 of torch.ao, deprecated), and GPUs.
@@ -23,22 +24,26 @@ from __future__ import annotations
 
 import torch
 
-DENSE_FROM = (
-    24  # rows (batch x new tokens) from which the dense kernel is faster here (measured: 16 int8 wins, 32 dense)
-)
+from streaming.model import kernels
+from streaming.model.kernels import ROWS, ChosenLinear
+
+DENSE_FROM = 24  # until measured (--kernels linear): rows from which dense runs (AVX-512, bf16: 16 int8 wins, 32 dense)
 GROUP = 64  # int4: inputs per scale and offset (64 kept the perplexity closest of 32/64/128 for its bytes)
 INNER_K_TILES = 2  # int4 packing layout the CPU kernel takes
 MODES = ("none", "int8", "int4")
 
 
-class QuantLinear(torch.nn.Module):
-    """A Linear whose product runs on int8 or int4 weights for a few rows, dense for many."""
+class QuantLinear(ChosenLinear):
+    """A Linear that can also multiply by int8 or int4 weights: its table (kernels.py, measured at
+    load) says for each row count whether the quantized kernel or a dense one runs. Until
+    measured: the quantized kernel up to DENSE_FROM rows, `linear` from there."""
 
     def __init__(self, linear: torch.nn.Linear, mode: str, dense_from: int = DENSE_FROM) -> None:
-        super().__init__()
-        self.mode, self.dense_from = mode, dense_from
-        self.weight, self.bias = linear.weight, linear.bias
-        self.in_features, self.out_features = linear.in_features, linear.out_features
+        super().__init__(linear)
+        self.mode = mode
+        self.table = [mode if n < dense_from else "linear" for n in ROWS]
+        if dense_from >= 1 << 30:
+            self.fixed = mode  # every call quantized (scripts/perplexity.py measures its quality)
         w = linear.weight.detach().to(torch.float32)
         if mode == "int8":
             scale = w.abs().amax(1).clamp(min=1e-8) / 127
@@ -49,17 +54,20 @@ class QuantLinear(torch.nn.Module):
             self.register_buffer("w4", packed)
             self.register_buffer("scales_and_zeros", scales_and_zeros.to(linear.weight.dtype))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, x.shape[-1])
-        if flat.shape[0] >= self.dense_from:
-            y = torch.nn.functional.linear(flat, self.weight)
-        elif self.mode == "int8":
-            y = torch.ops.aten._weight_int8pack_mm(flat, self.w8, self.scales)
+    def candidates(self, rows: int) -> list[str]:
+        return [*super().candidates(rows), self.mode]
+
+    def run(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        if name != self.mode:
+            return super().run(name, x)
+        if self.mode == "int8":
+            y = torch.ops.aten._weight_int8pack_mm(x, self.w8, self.scales)
         else:
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.w4, GROUP, self.scales_and_zeros)
-        if self.bias is not None:
-            y = y + self.bias
-        return y.reshape(*x.shape[:-1], self.out_features)
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.w4, GROUP, self.scales_and_zeros)
+        return y if self.bias is None else y + self.bias
+
+    def shape(self) -> tuple[object, ...]:
+        return (*super().shape(), self.mode)
 
 
 def int4_pack(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,8 +91,10 @@ def quantize(model: torch.nn.Module, mode: str, dense_from: int = DENSE_FROM) ->
         raise ValueError(f"unknown quantization {mode!r}: choose one of {', '.join(MODES)}")
     if mode == "none":
         return model
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, torch.nn.Linear) and (mode == "int8" or child.in_features % GROUP == 0):
-                setattr(parent, name, QuantLinear(child, mode, dense_from))
+    kernels.wrap(
+        model,
+        lambda child: (
+            QuantLinear(child, mode, dense_from) if mode == "int8" or child.in_features % GROUP == 0 else None
+        ),
+    )
     return model

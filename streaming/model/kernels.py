@@ -1,0 +1,189 @@
+"""Which matrix product each Linear layer runs, chosen per call by how many rows multiply, from
+timings taken when the model loads.
+
+A decode step multiplies every weight matrix by as many rows as the batch has, and the fastest
+way to do that depends on the row count, the machine and the build of torch, in ways nobody can
+guess. Measured here (AMD EPYC, AVX2, torch 2.13's CPU wheel, float32, the bundled model's
+896 x 4864 MLP weights): `F.linear(x, W)` takes 2.8 ms for 4 rows, and the same product written
+as `(W @ xᵀ)ᵀ` takes 1.0 ms (the BLAS call is laid out the other way round); from ~128 rows they
+are even. And torch's int8 weight kernel (`_weight_int8pack_mm`, quant.py) wins at batch 1 on
+an AVX-512 machine but on this AVX2 one is 2x slower than dense at 1 row and 40x at 32.
+
+So nothing is assumed: at load, `measure()` times each candidate kernel on the model's own
+weights (enough of them that they do not sit in the cache) at 1, 2, 4, ... ROWS[-1] rows, and each
+layer gets a table: the kernel for each row count, the plain `linear` unless another is at least
+MARGIN faster. Past ROWS[-1] rows (prefills) `linear` runs. One row stays `linear` for dense
+layers, so a request alone keeps the arithmetic of the article's loop (bit for bit); a batch's
+logits may differ from it in the last bits anyway (padding changes the shapes).
+
+Leaves out: GPUs and MPS (their libraries choose well: only the CPU is measured) and kernels that
+need another copy of the weights (a transposed copy is 1.5x faster at one row here, for twice the
+memory).
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROWS = (1, 2, 4, 8, 16, 32, 64)  # row counts measured; a count between two takes the larger's kernel
+MARGIN = 0.9  # a kernel replaces `linear` only when it takes at most 90% of its time (timing noise)
+SAMPLE_BYTES = 96 << 20  # weights timed per shape: more than a CPU's last-level cache, as in a real step
+MODES = ("measure", "linear")  # --kernels: measure at load (the default), or the plain product always
+
+
+def linear(layer: ChosenLinear, x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.linear(x, layer.weight, layer.bias)
+
+
+def weight_first(layer: ChosenLinear, x: torch.Tensor) -> torch.Tensor:
+    """(W @ xᵀ)ᵀ: the same product, the BLAS call laid out with the weight first."""
+    y = torch.mm(layer.weight, x.t()).t().contiguous()
+    return y if layer.bias is None else y + layer.bias
+
+
+KERNELS: dict[str, Callable[[Any, torch.Tensor], torch.Tensor]] = {"linear": linear, "wxt": weight_first}
+
+
+class ChosenLinear(torch.nn.Module):
+    """A Linear that runs, for each call, the kernel its table names for that many rows."""
+
+    def __init__(self, layer: torch.nn.Linear) -> None:
+        super().__init__()
+        self.weight, self.bias = layer.weight, layer.bias
+        self.in_features, self.out_features = layer.in_features, layer.out_features
+        self.table = ["linear"] * len(ROWS)  # until measured (or --kernels linear)
+        self.fixed: str | None = None  # one kernel for every call (tests, scripts/perplexity.py)
+
+    def candidates(self, rows: int) -> list[str]:
+        """The kernels worth timing at this many rows (`linear` first: the one to beat)."""
+        return ["linear"] if rows == 1 else ["linear", "wxt"]
+
+    def run(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        return KERNELS[name](self, x)
+
+    def pick(self, rows: int) -> str:
+        if self.fixed:
+            return self.fixed
+        i = bisect.bisect_left(ROWS, rows)
+        return self.table[i] if i < len(ROWS) else "linear"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        y = self.run(self.pick(flat.shape[0]), flat)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def shape(self) -> tuple[Any, ...]:
+        """Layers of one shape share a table: timed once."""
+        return (type(self).__name__, self.out_features, self.in_features, self.weight.dtype, self.bias is not None)
+
+
+def wrap(model: torch.nn.Module, make: Callable[[torch.nn.Linear], ChosenLinear | None] = ChosenLinear) -> None:
+    """Replace every torch Linear of the model (the lm_head too) by what `make` returns, in place
+    (None: keep that one)."""
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is torch.nn.Linear and (chosen := make(child)) is not None:
+                setattr(parent, name, chosen)
+
+
+def measure(model: torch.nn.Module, folder: Path | None = None, rows: tuple[int, ...] = ROWS) -> dict[str, list[str]]:
+    """Time every candidate kernel for each shape of layer at each row count and set the layers'
+    tables. Returns the tables by shape (logged, and in /metrics). With a `folder`, the tables
+    are kept there under a key of this CPU, this torch, its threads and the shapes, and read back
+    by the next load (timing the bundled model takes ~7 s here); delete the file to time again."""
+    groups: dict[tuple[Any, ...], list[ChosenLinear]] = {}
+    for m in model.modules():
+        if isinstance(m, ChosenLinear):
+            groups.setdefault(m.shape(), []).append(m)
+    names = {shape: f"{shape[0]} {shape[2]}x{shape[1]} {str(shape[3]).removeprefix('torch.')}" for shape in groups}
+    path = None if folder is None else folder / f"kernels-{machine_key(sorted(names.values()), rows)}.json"
+    kept = read_tables(path, names.values(), len(rows))
+    tables = {}
+    with torch.inference_mode():
+        for shape, layers in groups.items():
+            table = kept[names[shape]] if kept else [fastest(sample_of(layers), n) for n in rows]
+            for layer in layers:
+                layer.table = list(table)
+            tables[names[shape]] = table
+    if path is not None and not kept:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(tables, indent=1))
+        tmp.replace(path)
+    return tables
+
+
+def sample_of(layers: list[ChosenLinear]) -> list[ChosenLinear]:
+    """Enough layers of a shape to pass SAMPLE_BYTES (weights no cache holds), or all of them."""
+    sample, size = [], 0
+    for layer in layers:
+        sample.append(layer)
+        size += layer.weight.numel() * layer.weight.element_size()
+        if size >= SAMPLE_BYTES:
+            break
+    return sample
+
+
+def machine_key(shapes: list[str], rows: tuple[int, ...]) -> str:
+    """What the timings depend on: the CPU (its model and flags), torch, its threads, the shapes."""
+    try:
+        cpu = [
+            line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith(("model name", "flags"))
+        ][:2]
+    except OSError:
+        cpu = [platform.processor(), platform.machine()]
+    facts = [*cpu, torch.__version__, str(torch.get_num_threads()), *shapes, str(rows), str(MARGIN)]
+    return hashlib.sha256("\n".join(facts).encode()).hexdigest()[:16]
+
+
+def read_tables(path: Path | None, names: Any, width: int) -> dict[str, list[str]] | None:
+    """Tables kept by an earlier load, if they are whole and name known kernels; else None."""
+    if path is None or not path.is_file():
+        return None
+    try:
+        kept = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    whole = isinstance(kept, dict) and all(
+        isinstance(kept.get(n), list) and len(kept[n]) == width and all(isinstance(k, str) for k in kept[n])
+        for n in names
+    )
+    known = whole and all(k in KERNELS or k in ("int8", "int4") for n in names for k in kept[n])
+    return kept if known else None
+
+
+def fastest(sample: list[ChosenLinear], rows: int) -> str:
+    """The kernel to use at this many rows: `linear` unless another takes at most MARGIN of its
+    time (the best of two timings over the whole sample each)."""
+    first = sample[0]
+    x = torch.randn(rows, first.in_features, dtype=first.weight.dtype, device=first.weight.device)
+    times = {}
+    for name in first.candidates(rows):
+        best = float("inf")
+        for _ in range(3):  # the first round warms up (allocations, the kernel's own caches)
+            t0 = time.perf_counter()
+            for layer in sample:
+                layer.run(name, x)
+            best = min(best, time.perf_counter() - t0)
+        times[name] = best
+    name = min(times, key=times.__getitem__)
+    return name if times[name] <= MARGIN * times["linear"] else "linear"
+
+
+def describe(tables: dict[str, list[str]], rows: tuple[int, ...] = ROWS) -> str:
+    """One line for the log: the row counts where a shape runs something other than `linear`."""
+    parts = []
+    for shape, table in tables.items():
+        other = [f"{n}:{k}" for n, k in zip(rows, table, strict=True) if k != "linear"]
+        if other:
+            parts.append(f"{shape.split(' ', 1)[1]} {','.join(other)}")
+    return "; ".join(parts) or "linear at every row count"

@@ -1,0 +1,126 @@
+"""The kernel choice (streaming/model/kernels.py): every kernel computes the Linear's product
+(within float tolerance: its sums run in another order), a layer runs what its table names for
+the call's row count, the timings are kept per machine and read back, and a batch that runs a
+kernel gives each row the tokens it gets alone with that kernel. With the tiny real model, in
+float32 and bfloat16."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+from helpers import model_of
+
+import lm
+from streaming.generation.batched import BatchedJob, BatchEngine
+from streaming.generation.thread import ThreadJob
+from streaming.model import kernels, quant
+from streaming.model.kernels import ROWS, ChosenLinear
+from streaming.model.testing import tiny_model
+from streaming.wire.params import plain_request
+
+DTYPES = [torch.float32, torch.bfloat16]
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}  # relative to the output's largest magnitude
+PROMPTS = ["Hello there", "The lighthouse keeper wrote in his log every night", "Once upon a time"]
+
+
+def layer(dtype, bias=True):
+    torch.manual_seed(0)
+    return torch.nn.Linear(96, 160, bias=bias).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", sorted(kernels.KERNELS))
+def test_every_kernel_computes_the_linear_product_at_every_row_count(dtype, name):
+    plain = layer(dtype)
+    chosen = ChosenLinear(plain)
+    for rows in (1, 2, 3, 4, 7, 16, 33, 64, 100):
+        x = torch.randn(rows, 96).to(dtype)
+        with torch.inference_mode():
+            want = torch.nn.functional.linear(x, plain.weight, plain.bias)
+            got = chosen.run(name, x)
+        assert got.shape == want.shape and got.is_contiguous()
+        assert float((got - want).abs().max()) <= TOLERANCE[dtype] * float(want.abs().max())
+
+
+def test_a_layer_runs_what_its_table_names_for_the_row_count_and_linear_past_it():
+    chosen = ChosenLinear(layer(torch.float32, bias=False))
+    chosen.table = ["linear", "wxt", "wxt", "linear", "linear", "wxt", "linear"]
+    assert [chosen.pick(n) for n in (1, 2, 3, 4, 5, 8, 17, 32, 64, 65, 4096)] == [
+        "linear",
+        "wxt",
+        "wxt",
+        "wxt",
+        "linear",
+        "linear",
+        "wxt",
+        "wxt",
+        "linear",
+        "linear",
+        "linear",
+    ]
+    chosen.fixed = "wxt"
+    assert chosen.pick(4096) == "wxt"
+    x = torch.randn(3, 5, 96)  # (batch, tokens, features): rows are batch x tokens
+    with torch.inference_mode():
+        assert chosen(x).shape == (3, 5, 160)
+
+
+def test_a_measured_model_keeps_its_tables_per_machine_and_reads_them_back(tmp_path, monkeypatch):
+    net = tiny_model(lm.load_tokenizer()).to(torch.float32)
+    kernels.wrap(net)
+    assert not any(type(m) is torch.nn.Linear for m in net.modules())
+    tables = kernels.measure(net, tmp_path)
+    assert tables and all(len(t) == len(ROWS) and t[0] == "linear" for t in tables.values())  # one row: linear
+    assert all(m.table in tables.values() for m in net.modules() if isinstance(m, ChosenLinear))
+    (kept,) = tmp_path.glob("kernels-*.json")
+
+    def no_timing(*_):
+        raise AssertionError("timed again although the tables were kept")
+
+    monkeypatch.setattr(kernels, "fastest", no_timing)
+    assert kernels.measure(net, tmp_path) == tables
+    kept.write_text('{"not": "tables"}')  # a damaged file is timed again, not trusted
+    monkeypatch.undo()
+    assert set(kernels.measure(net, tmp_path)) == set(tables)
+
+
+def test_a_quantized_layer_times_its_own_kernel_too_and_never_runs_it_where_dense_is_faster(monkeypatch):
+    net = quant.quantize(tiny_model(lm.load_tokenizer()).to(torch.float32), "int8")
+    q = next(m for m in net.modules() if isinstance(m, quant.QuantLinear))
+    assert q.candidates(1) == ["linear", "int8"] and q.candidates(8) == ["linear", "wxt", "int8"]
+    monkeypatch.setattr(kernels, "fastest", lambda sample, rows: "linear" if rows > 2 else sample[0].mode)
+    kernels.measure(net)
+    assert q.table[:3] == ["int8", "int8", "linear"] and q.pick(1) == "int8" and q.pick(64) == "linear"
+
+
+def params(i, n=16):
+    return plain_request({"prompt": PROMPTS[i], "max_tokens": n, "seed": i, "temperature": 0}).params
+
+
+async def drain(job):
+    out = []
+    while (x := await job.get()) is not None:
+        out.append(x)
+    return "".join(out)
+
+
+@pytest.mark.parametrize("name", sorted(kernels.KERNELS))
+def test_a_batch_running_a_kernel_gives_each_row_its_tokens_alone_with_that_kernel(name):
+    net = tiny_model(lm.load_tokenizer()).to(torch.float32).eval()
+    kernels.wrap(net)
+    for m in net.modules():
+        if isinstance(m, ChosenLinear):
+            m.fixed = name
+    model = model_of(net)
+    ids = [lm.tok(p).input_ids for p in PROMPTS]
+
+    async def run():
+        alone = [await drain(ThreadJob(ids[i], params(i), model=model).start()) for i in range(len(PROMPTS))]
+        e = BatchEngine(model, max_batch=4)
+        together = await asyncio.gather(*(drain(BatchedJob(e, ids[i], params(i)).start()) for i in range(len(PROMPTS))))
+        return alone, list(together)
+
+    alone, together = asyncio.run(run())
+    assert all(alone) and together == alone
