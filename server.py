@@ -211,7 +211,8 @@ def load():
         pass
     dtype = str(lm.dtype()).removeprefix("torch.")
     dtype += ", int8 Linear layers" if lm.quantization() == "int8" else ""
-    return f"model {lm.model_name()} on {lm.DEVICE} in {dtype}, ready in {time.perf_counter() - t0:.1f} s"
+    took = time.perf_counter() - t0
+    return f"model {lm.model_name()} on {lm.DEVICE} in {dtype}, ready in {took:.1f} s; kernels: {lm.kernels()}"
 
 
 def main(argv=None):

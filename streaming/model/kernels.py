@@ -11,8 +11,8 @@ an AVX-512 machine but on this AVX2 one is 2x slower than dense at 1 row and 40x
 
 So nothing is assumed: at load, `measure()` times each candidate kernel on the model's own
 weights (enough of them that they do not sit in the cache) at 1, 2, 4, ... ROWS[-1] rows, and each
-layer gets a table: the kernel for each row count, the plain `linear` unless another is at least
-MARGIN faster. Past ROWS[-1] rows (prefills) `linear` runs. The tables are kept on disk, so
+layer gets a table: the kernel for each row count, the plain `linear` unless another is faster
+by a margin (MARGIN; COPY_MARGIN for one that costs memory). Past ROWS[-1] rows (prefills) `linear` runs. The tables are kept on disk, so
 every process on a machine runs the same kernels (and computes the same bits for a request alone);
 a batch's logits may differ from a request's alone in the last bits anyway (padding changes the
 shapes).
@@ -28,9 +28,11 @@ Leaves out: GPUs and MPS (their libraries choose well: only the CPU is measured)
 from __future__ import annotations
 
 import bisect
+import copy
 import hashlib
 import json
 import platform
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -39,8 +41,10 @@ from typing import Any
 import torch
 
 ROWS = (1, 2, 4, 8, 16, 32, 64)  # row counts measured; a count between two takes the larger's kernel
-MARGIN = 0.9  # a kernel replaces `linear` only when it takes at most 90% of its time (timing noise)
-SAMPLE_BYTES = 96 << 20  # weights timed per shape: more than a CPU's last-level cache, as in a real step
+MARGIN = 0.97  # a kernel replaces `linear` only when its median time is at most 97% of linear's (noise)
+COPY_MARGIN = 0.9  # one that keeps a copy of the weight (COPYING), at most 90%: it costs memory
+ROUNDS = 5  # timings of each candidate at each row count, judged by their median
+SAMPLE_BYTES = 64 << 20  # weights timed per shape: more than a CPU's last-level cache, as in a real step
 MODES = ("measure", "linear")  # --kernels: measure at load (the default), or the plain product always
 
 
@@ -84,6 +88,16 @@ class ChosenLinear(torch.nn.Module):
     def candidates(self, rows: int) -> list[str]:
         """The kernels worth timing at this many rows (`linear` first: the one to beat)."""
         return ["linear", "xwt"] if rows == 1 else ["linear", "wxt", *(["xwt"] if rows <= COPY_ROWS else [])]
+
+    def part(self, n: int) -> ChosenLinear | None:
+        """The layer of its first n outputs (a view of its weight), to time a huge one."""
+        piece = copy.copy(self)
+        piece._parameters, piece._buffers = dict(self._parameters), dict(self._buffers)
+        piece.weight = torch.nn.Parameter(self.weight.detach()[:n], requires_grad=False)
+        if self.bias is not None:
+            piece.bias = torch.nn.Parameter(self.bias.detach()[:n], requires_grad=False)
+        piece.out_features, piece.copy = n, None
+        return piece
 
     def transposed(self) -> torch.Tensor:
         if self.copy is None:
@@ -157,11 +171,16 @@ def shape_name(shape: tuple[Any, ...]) -> str:
 
 
 def sample_of(layers: list[ChosenLinear]) -> list[ChosenLinear]:
-    """Enough layers of a shape to pass SAMPLE_BYTES (weights no cache holds), or all of them."""
+    """Enough layers of a shape to pass SAMPLE_BYTES (weights no cache holds), or all of them;
+    of a layer far larger (the output layer: 544 MB in float32), its first rows only."""
+    first = layers[0]
+    row_bytes = first.in_features * first.weight.element_size()
+    if first.out_features * row_bytes > 2 * SAMPLE_BYTES and (piece := first.part(SAMPLE_BYTES // row_bytes)):
+        return [piece]
     sample, size = [], 0
     for layer in layers:
         sample.append(layer)
-        size += layer.weight.numel() * layer.weight.element_size()
+        size += layer.out_features * row_bytes
         if size >= SAMPLE_BYTES:
             break
     return sample
@@ -175,7 +194,7 @@ def machine_key(shapes: list[str], rows: tuple[int, ...]) -> str:
         ][:2]
     except OSError:
         cpu = [platform.processor(), platform.machine()]
-    facts = [*cpu, torch.__version__, str(torch.get_num_threads()), *shapes, str(rows), str(MARGIN)]
+    facts = [*cpu, torch.__version__, str(torch.get_num_threads()), *shapes, str(rows), str(MARGIN), str(COPY_MARGIN)]
     return hashlib.sha256("\n".join(facts).encode()).hexdigest()[:16]
 
 
@@ -197,20 +216,23 @@ def read_tables(path: Path | None, names: Any, width: int) -> dict[str, list[str
 
 def fastest(sample: list[ChosenLinear], rows: int) -> str:
     """The kernel to use at this many rows: `linear` unless another takes at most MARGIN of its
-    time (the best of two timings over the whole sample each)."""
+    time. Each candidate runs over the whole sample once per round, the candidates in turn
+    (so a slow moment of the machine falls on all of them), ROUNDS rounds after one to warm up,
+    and each is judged by its median."""
     first = sample[0]
     x = torch.randn(rows, first.in_features, dtype=first.weight.dtype, device=first.weight.device)
-    times = {}
-    for name in first.candidates(rows):
-        best = float("inf")
-        for _ in range(3):  # the first round warms up (allocations, the kernel's own caches)
+    names = first.candidates(rows)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(ROUNDS + 1):
+        for name in names:
             t0 = time.perf_counter()
             for layer in sample:
                 layer.run(name, x)
-            best = min(best, time.perf_counter() - t0)
-        times[name] = best
-    name = min(times, key=times.__getitem__)
-    return name if times[name] <= MARGIN * times["linear"] else "linear"
+            if r:
+                times[name].append(time.perf_counter() - t0)
+    median = {name: statistics.median(t) for name, t in times.items()}
+    name = min(median, key=median.__getitem__)
+    return name if median[name] <= (COPY_MARGIN if name in COPYING else MARGIN) * median["linear"] else "linear"
 
 
 def describe(tables: dict[str, list[str]], rows: tuple[int, ...] = ROWS) -> str:

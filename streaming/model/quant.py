@@ -66,6 +66,14 @@ class QuantLinear(ChosenLinear):
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.w4, GROUP, self.scales_and_zeros)
         return y if self.bias is None else y + self.bias
 
+    def part(self, n: int) -> ChosenLinear | None:
+        if self.mode != "int8":
+            return None  # int4's packed layout is not cut by rows: time the whole layer
+        piece = super().part(n)
+        assert isinstance(piece, QuantLinear)
+        piece.w8, piece.scales = self.w8[:n], self.scales[:n]
+        return piece
+
     def shape(self) -> tuple[object, ...]:
         return (*super().shape(), self.mode)
 
