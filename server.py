@@ -23,7 +23,7 @@ import time
 
 import lm
 from streaming.generation.backend import ENGINES
-from streaming.generation.batched import MAX_BATCH, PREFILL_CHUNK
+from streaming.generation.batched import MAX_BATCH, MAX_WAITING, PREFILL_CHUNK
 from streaming.generation.policy import PREFILL_BUDGET, SCHEDULES
 from streaming.generation.upstream.pool import FIRST_TEXT, SILENCE, Upstream
 from streaming.server.answer import LOG_KEEP
@@ -61,6 +61,8 @@ def parse_args(argv=None):
         p.error(
             "--max-batch, --prefill-chunk, --prefill-budget, --keepalive-requests and --log-keep must be at least 1"
         )
+    if args.max_waiting < 0:
+        p.error("--max-waiting must be 0 (refuse whenever the batch is full) or more")
     if (args.engine == "upstream") != bool(args.upstream):
         p.error("--engine upstream and --upstream URL go together")
     for url in args.upstream:
@@ -102,6 +104,12 @@ def engine_options(g):
         help="upstream: end the answer with an error after S s without text",
     )
     g.add_argument("--max-batch", type=int, default=MAX_BATCH, help="batched: requests per step; more wait")
+    g.add_argument(
+        "--max-waiting",
+        type=int,
+        default=MAX_WAITING,
+        help="batched: requests that may wait for a place; past it 503 with Retry-After (a balancer tries another)",
+    )
     g.add_argument(
         "--prefill-chunk", type=int, default=PREFILL_CHUNK, help="batched: a longer prompt joins alone, N tokens a step"
     )

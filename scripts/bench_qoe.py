@@ -67,6 +67,7 @@ CONFIGS = {  # this server's settings to compare: name -> options
     "qoe": ["--schedule", "qoe"],
     "fifo+int8": ["--schedule", "fifo", "--quantize", "int8"],
     "qoe+int8": ["--schedule", "qoe", "--quantize", "int8"],
+    "qoe+linear": ["--schedule", "qoe", "--kernels", "linear"],  # F.linear everywhere: what kernels.py gains
 }
 PEER = "transformers serve"
 # The goals (#22), each a check of the headlines against the peer's.

@@ -275,5 +275,5 @@ def test_a_request_beyond_max_batch_waits_with_keep_alive_pings(pair):
     first.join()
     second.join()
     body = results["second"][2]
-    assert b": ping" in body.split(b"data: {")[0]  # pinged while it waited for a place
+    assert b": waiting for a place in the batch, 0 ahead" in body.split(b"data: {")[0]  # told its place while it waited
     assert body.rstrip().endswith(b"data: [DONE]")

@@ -241,6 +241,33 @@ def test_narrow_and_widen_leave_holes_that_the_mask_hides():
     assert b.mask.tolist() == [[1, 1, 0]] and b.rows() == 1
 
 
+def test_steps_write_their_column_into_the_caches_room_and_copy_nothing():
+    b = kv.KVBatch("cpu")
+    cache = kv.new_cache(ExactModel(lm.load_tokenizer()))
+    keys = torch.arange(6, dtype=torch.float32).view(3, 1, 2, 1)
+    cache.update(keys, keys.clone(), 0)
+    b.join(cache, torch.ones(3, 2, dtype=torch.long))
+
+    def column(rows, value):
+        return torch.full((rows, 1, 1, 1), value)
+
+    cache.update(column(3, 7.0), column(3, 7.0), 0)  # a step of every row (adopts the joined tensors once)
+    store = b.cache.layers[0].keys.data_ptr()
+    for k in range(10):
+        b.cache.update(column(3, 10.0 + k), column(3, 10.0 + k), 0)
+        assert b.cache.layers[0].keys.data_ptr() == store  # written in place, no copy of the cache
+    b.narrow([1])
+    b.cache.update(column(1, 99.0), column(1, 99.0), 0)
+    b.widen([1])
+    layer = b.cache.layers[0]
+    assert layer.keys.data_ptr() == store and layer.keys.shape[2] == 2 + 1 + 10 + 1
+    assert layer.keys[:, 0, -2:, 0].tolist() == [[19, 0], [19, 99], [19, 0]]  # holes where rows sat out
+    assert b.mask[:, -1].tolist() == [0, 1, 0]
+    b.keep([0, 2])  # a leave copies once; the next step adopts the kept rows
+    b.cache.update(column(2, 5.0), column(2, 5.0), 0)
+    assert b.cache.layers[0].keys[:, 0, -1, 0].tolist() == [5, 5] and b.rows() == 2
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_a_left_padded_prefill_gives_each_prompts_logits_alone_within_the_tolerance(dtype):
     net = tiny_model(lm.load_tokenizer()).to(dtype)

@@ -11,7 +11,8 @@ here and an entry in ENGINES:
 A local engine's prompt is encoded to ids first (in a thread), through the backend's `Model`
 (the model layer's handle: the package never imports the top-level lm); an upstream job is
 returned once an upstream has answered, so that its failure is an error before any header
-(ProtocolError 502/503/504). `start(ids, params, prior)` starts a local engine's job from ids (a
+(ProtocolError 502/503/504); a batched engine with `max_waiting` requests waiting already refuses
+a new one before any header (503 `overloaded` with Retry-After). `start(ids, params, prior)` starts a local engine's job from ids (a
 stream taken over). The server reads `stats` and `loaded` and calls `load`, `stop_all` and
 `wait_all`. No module-level state: two servers in one process would have two backends.
 """
@@ -23,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from streaming.generation.batched import MAX_BATCH, PREFILL_CHUNK, BatchedJob, BatchEngine
+from streaming.generation.batched import MAX_BATCH, MAX_WAITING, PREFILL_CHUNK, BatchedJob, BatchEngine
 from streaming.generation.free import FreeJob
 from streaming.generation.job import Job, JobOptions, Stats
 from streaming.generation.policy import Fifo, Qoe
@@ -32,6 +33,7 @@ from streaming.generation.thread import ThreadJob
 from streaming.generation.upstream.pool import Pool
 from streaming.generation.upstream.relay import UpstreamJob
 from streaming.model.loading import Model
+from streaming.wire.errors import ProtocolError
 from streaming.wire.params import GenerationParams
 
 Prior = list[int] | tuple[int, ...]
@@ -71,6 +73,7 @@ class Backend:
         prefill_chunk: int = PREFILL_CHUNK,
         policy: Fifo | Qoe | None = None,
         pool: Pool | None = None,
+        max_waiting: int = MAX_WAITING,
     ) -> None:
         if engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}: choose one of {', '.join(ENGINES)}")
@@ -81,7 +84,9 @@ class Backend:
             raise ValueError(f"--engine {engine} needs a model")
         self.options, self.stats, self.pool, self.model = options or JobOptions(), Stats(), pool, model
         self.batch = (
-            BatchEngine(model, max_batch, prefill_chunk, self.options.token_delay, policy=policy)
+            BatchEngine(
+                model, max_batch, prefill_chunk, self.options.token_delay, policy=policy, max_waiting=max_waiting
+            )
             if engine == "batched" and model is not None
             else None
         )
@@ -106,6 +111,16 @@ class Backend:
             await relay.start().opened
             return relay
         assert self.model is not None
+        if self.batch is not None and (full := self.batch.refusal()) is not None:
+            waiting, seconds = full
+            raise ProtocolError(
+                f"the server is at capacity: {waiting} requests wait for a place already (--max-waiting); "
+                f"try again in {seconds} s",
+                503,
+                close_code=1013,  # RFC 6455: try again later
+                kind="overloaded",
+                headers=[("Retry-After", str(seconds))],
+            )
         job = self.start(await asyncio.to_thread(prompt.encode, self.model, params), params)
         job.prompt = prompt
         return job
@@ -133,6 +148,11 @@ class Backend:
 
     def waiting(self) -> int:
         return int(self.metrics().get("waiting", 0))
+
+    def position(self, job: Job) -> int | None:
+        """Requests ahead of this job waiting for a place in the batch (None: it has one, or
+        its engine has no queue)."""
+        return self.batch.position(job) if self.batch is not None and isinstance(job, BatchedJob) else None
 
     def stop_all(self) -> None:
         for job in list(self.stats.active):

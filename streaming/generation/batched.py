@@ -16,7 +16,9 @@ one), then one forward pass for the prompts that join. Between steps:
 - the stop flags are checked, once per step, as the article says a batched engine does: a stopped
   or finished row leaves the batch at that step and its rows of the KV cache are dropped;
 - at most `max_batch` requests are active; the rest wait in order (the server sends them
-  keep-alive pings meanwhile), those with a reader before readerless resumable streams.
+  keep-alive pings that say their place meanwhile), those with a reader before readerless
+  resumable streams; past `max_waiting` waiting, a new request is refused (`refusal()`: the
+  server's 503 with Retry-After, which a load balancer takes as "try another replica").
 
 Each row samples with its own seeded draws, temperature and top_p (sampling.choose_batch),
 and its tokens go through its job's per-token routine (job.py: its own detokenizer, its own
@@ -32,6 +34,7 @@ queue grows; the qoe policy skips it instead), and the repetition penalty.
 from __future__ import annotations
 
 import collections
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -46,6 +49,8 @@ from streaming.generation.sampling import Draws, choose_batch
 from streaming.model.loading import Model, forward_kwargs
 
 MAX_BATCH = 64  # active requests per step: past it they wait. 64 rows of 4k tokens is ~6 GB of KV in float32
+MAX_WAITING = 512  # requests waiting for a place: past it a new one gets 503 and Retry-After (another replica)
+DEPARTURES = 32  # the latest ends kept to estimate when a place frees (Retry-After)
 PREFILL_CHUNK = (
     128  # a longer prompt is prefilled alone, this many tokens a step: the extra wait it adds to others' gaps
 )
@@ -86,8 +91,11 @@ class BatchEngine:
         token_delay: float = 0.0,
         policy: Fifo | Qoe | None = None,
         clock: Callable[[], float] = time.monotonic,
+        max_waiting: int = MAX_WAITING,
     ) -> None:
         self.max_batch, self.chunk, self.token_delay = max_batch, prefill_chunk, token_delay
+        self.max_waiting = max_waiting
+        self.departures: collections.deque[float] = collections.deque(maxlen=DEPARTURES)  # when rows ended
         self.model = model  # its network is loaded on the first step (the server listens first)
         self.device = model.device
         self.policy = policy or Fifo(PREFILL_BUDGET)
@@ -111,6 +119,21 @@ class BatchEngine:
                 self.thread = threading.Thread(target=self.loop, name="engine", daemon=True)
                 self.thread.start()
             self.lock.notify()
+
+    def position(self, job: Job) -> int | None:
+        """How many requests wait ahead of this one for a place in the batch (None: it has one)."""
+        with self.lock:
+            return next((i for i, row in enumerate(self.waiting) if row.job is job), None)
+
+    def refusal(self) -> tuple[int, int] | None:
+        """None while a new request may wait for a place; else (requests waiting, seconds until a
+        place is likely to free: the mean time between the latest ends, 1 to 60)."""
+        with self.lock:
+            if len(self.waiting) < self.max_waiting:
+                return None
+            ends = list(self.departures)
+        between = (ends[-1] - ends[0]) / (len(ends) - 1) if len(ends) > 1 else 5.0
+        return len(self.waiting), max(1, min(60, math.ceil(between)))
 
     def metrics(self) -> dict[str, Any]:
         with self.lock:
@@ -269,9 +292,12 @@ class BatchEngine:
         for row, token in zip(rows, tokens, strict=True):
             row.done = not row.job.on_token(token)
             row.next, row.last_at = token, now
+            if row.done:
+                self.departures.append(now)
 
     def end(self, row: Row, reason: str | None = None, error: BaseException | None = None) -> None:
         row.done = True
+        self.departures.append(self.clock())
         if error is None:
             row.job.end(reason or "stopped")
         else:

@@ -9,16 +9,19 @@ Plain tensor bookkeeping, no threads, so the tests can check it directly:
   remaining row uses are cut;
 - `extend()` before a step of every row: one more column, used by all;
 - `narrow(index)` / `widen(index)` around a step of some rows only (the QoE schedule): the chosen
-  rows' keys and values are taken out as a smaller cache for the forward pass, and afterwards put
-  back with the new column; a row that sat the step out gets a hidden (masked) column there.
-  The holes cost memory, not correctness: attention never reads a masked column, and each row's
-  positions are its own count of tokens (the engine passes them);
+  rows' keys and values are taken out as a smaller cache for the forward pass, and afterwards
+  their new column is written into the batch's; a row that sat the step out gets a hidden
+  (masked) column there. The holes cost memory, not correctness: attention never reads a masked
+  column, and each row's positions are its own count of tokens (the engine passes them);
 - `prefill(model, prompts)`: several prompts in one left-padded forward pass, as one cache,
   after the kept KV of a beginning they share (`Prefixes`).
 
-Leaves out: paged memory (every join, leave or narrowed step copies the cache; measured here with
-the bundled model in bfloat16, narrowing 32 rows of 300 tokens to 16 and widening back costs
-24 ms, against a step of 100 ms or more at that batch).
+Each layer's keys and values grow in place (growing.py's `GrowingLayer`): a step writes its column into
+room kept at the end, where transformers' DynamicLayer concatenates, copying the whole cache at
+every step. So a step of every row copies nothing, a narrowed step copies the rows it runs (their
+gather; writing their column back is all of `widen`), and a join or leave copies the batch once.
+
+Leaves out: paged memory (a join or leave copies the cache; a narrowed step gathers its rows).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ class KVBatch:
         self.device = device
         self.cache: Any = None  # a transformers DynamicCache with one row per request, or None
         self.mask: Any = None  # (B, L) long tensor: 1 where a row has a key, 0 for padding or a hole
-        self.full: Any = None  # while narrowed: the whole batch's (keys, values) per layer
+        self.full: Any = None  # while narrowed: the whole batch's layers
 
     def __len__(self) -> int:
         return 0 if self.mask is None else int(self.mask.shape[0])
@@ -77,24 +80,33 @@ class KVBatch:
         return None if bool(self.mask.all()) else self.mask
 
     def narrow(self, index: list[int]) -> Any:
-        """Before a step of these rows only: the cache holds just them until widen(). Returns
-        their mask with the new column (always passed: rows narrowed out leave padding)."""
+        """Before a step of these rows only: the cache holds just them (gathered) until widen().
+        Returns their mask with the new column (always passed: rows narrowed out leave padding)."""
+        from transformers import DynamicLayer
+
         i = torch.tensor(index, device=self.device)
-        self.full = layers(self.cache)
-        set_layers(self.cache, [(k.index_select(0, i), v.index_select(0, i)) for k, v in self.full])
+        self.full = self.cache.layers
+        small = []
+        for layer in self.full:
+            part = DynamicLayer()
+            k, v = layer.keys.index_select(0, i), layer.values.index_select(0, i)
+            part.lazy_initialization(k, v)
+            part.keys, part.values = k, v
+            small.append(part)
+        self.cache.layers = small
         mask = self.mask.index_select(0, i)
         return torch.cat([mask, torch.ones(len(index), 1, dtype=mask.dtype, device=self.device)], 1)
 
     def widen(self, index: list[int]) -> None:
         """After the step of `index`'s rows: every row gets the new column, theirs used, the
-        others' a hole."""
+        others' a hole; only the new column is written."""
         i = torch.tensor(index, device=self.device)
-        merged = []
-        for (k, v), (k2, v2) in zip(self.full, layers(self.cache), strict=True):
-            k3 = torch.nn.functional.pad(k, (0, 0, 0, 1)).index_copy_(0, i, k2)
-            v3 = torch.nn.functional.pad(v, (0, 0, 0, 1)).index_copy_(0, i, v2)
-            merged.append((k3, v3))
-        set_layers(self.cache, merged)
+        from streaming.generation.growing import grown
+
+        layers = [grown(big) for big in self.full]
+        for big, small in zip(layers, self.cache.layers, strict=True):
+            big.add_column(i, small.keys[:, :, -1:], small.values[:, :, -1:])
+        self.cache.layers = layers
         column = torch.zeros(len(self), 1, dtype=self.mask.dtype, device=self.device)
         column[i] = 1
         self.mask = torch.cat([self.mask, column], 1)
@@ -106,9 +118,10 @@ class KVBatch:
 
 
 def new_cache(m: Any) -> Any:
-    from transformers import DynamicCache
+    """A DynamicCache for the model whose plain layers grow in place (growing.py)."""
+    from streaming.generation.growing import new_cache
 
-    return DynamicCache(config=m.config)
+    return new_cache(m)
 
 
 def layers(cache: Any) -> list[tuple[Any, Any]]:

@@ -140,8 +140,9 @@ def load_net(choice: Choice, tokenizer: Any) -> Any:
     if choice.kernel_choice() == "measure":  # the CPU only
         kernels.wrap(m)  # the layers quantize left dense (all of them unquantized, or int4's odd shapes)
         t0 = time.perf_counter()
-        m.kernel_tables = kernels.measure(m, bundled.CACHE)
-        log.info("kernels chosen in %.1f s: %s", time.perf_counter() - t0, kernels.describe(m.kernel_tables))
+        tables = kernels.measure(m, bundled.CACHE)
+        setattr(m, "kernel_tables", tables)  # noqa: B010 - on the network: Model.facts and lm.kernels read it
+        log.info("kernels chosen in %.1f s: %s", time.perf_counter() - t0, kernels.describe(tables))
     return m
 
 

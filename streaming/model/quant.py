@@ -38,6 +38,11 @@ class QuantLinear(ChosenLinear):
     load) says for each row count whether the quantized kernel or a dense one runs. Until
     measured: the quantized kernel up to DENSE_FROM rows, `linear` from there."""
 
+    w8: torch.Tensor  # int8: the weights, one scale per output (buffers)
+    scales: torch.Tensor
+    w4: torch.Tensor  # int4: packed for the CPU kernel, a scale and offset per group
+    scales_and_zeros: torch.Tensor
+
     def __init__(self, linear: torch.nn.Linear, mode: str, dense_from: int = DENSE_FROM) -> None:
         super().__init__(linear)
         self.mode = mode

@@ -75,7 +75,7 @@ class ExactModel(torch.nn.Module):
         b, n = input_ids.shape
         keys = input_ids.to(torch.float32).view(b, 1, n, 1)  # ids < 2**24: exact in float32
         keys, _ = cache.update(keys, torch.ones_like(keys), 0)
-        ids = keys.view(b, -1).to(torch.int64)
+        ids = keys.reshape(b, -1).to(torch.int64)  # (a view of a growing cache: not contiguous)
         count = attention_mask.sum(-1) if attention_mask is not None else torch.full((b,), ids.shape[1])
         h = (ids.sum(-1) * 1_000_003 + count * 7919) % 1_000_000_007
         logits = torch.full((b, 1, self.config.vocab_size), float("-inf"), dtype=self.anchor.dtype)

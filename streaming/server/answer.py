@@ -61,6 +61,12 @@ class Early(enum.Enum):
     STOPPED = "stopped early"  # a resumable stream ended before its end (/stop, the grace, shutdown)
 
 
+def ping_note(position: int | None) -> str:
+    """What a keep-alive comment says: its place in the queue while a request waits for a place
+    in the batch (an honest queue: the reader, or a proxy, can see it move), else `ping`."""
+    return "ping" if position is None else f"waiting for a place in the batch, {position} ahead"
+
+
 class Answers:
     """The answers of one server: their log, their metrics, and what the settings say of them."""
 

@@ -13,15 +13,13 @@ import json
 
 from streaming.generation.job import Job
 from streaming.generation.prompts import Prompt
-from streaming.server.answer import Answer
+from streaming.server.answer import Answer, ping_note
 from streaming.server.context import Context
 from streaming.server.exchange import Exchange
 from streaming.server.resumable import endpoints as resumable
 from streaming.wire import sse
 from streaming.wire.errors import ProtocolError, error_body
 from streaming.wire.params import plain_request
-
-PING = sse.comment("ping")
 
 
 def text_event(piece: str) -> bytes:
@@ -59,7 +57,7 @@ async def stream(ctx: Context, ex: Exchange) -> None:
         return await ex.send(text_event(piece))
 
     async def ping() -> bool:
-        return await ex.send(PING)
+        return await ex.send(sse.comment(ping_note(ctx.backend.position(job))))
 
     async with Answer(ctx.answers, job, "/stream", watch=ex.conn) as answer:
         ex.start_stream(sse.RESPONSE_FIELDS, ending)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from streaming.generation.batched import MAX_BATCH, PREFILL_CHUNK
+from streaming.generation.batched import MAX_BATCH, MAX_WAITING, PREFILL_CHUNK
 from streaming.generation.job import JobOptions
 from streaming.generation.policy import PREFILL_BUDGET
 from streaming.generation.upstream.pool import FIRST_TEXT, SILENCE
@@ -36,6 +36,7 @@ class Config:
     naive: bool = False  # the article's naive server: never notices a reader leaving
     engine: str = "batched"  # batched, thread, free or upstream (streaming.generation.backend.ENGINES)
     max_batch: int = MAX_BATCH
+    max_waiting: int = MAX_WAITING  # requests waiting for a place in the batch: past it 503 with Retry-After
     prefill_chunk: int = PREFILL_CHUNK
     prefill_budget: int = PREFILL_BUDGET
     schedule: str = "qoe"  # or fifo (streaming.generation.policy): qoe measured better for readers in bursts

@@ -45,6 +45,7 @@ def build(config: Config, model: Model | None = None, backend: Backend | None = 
         config.job_options(),
         model=model,
         max_batch=config.max_batch,
+        max_waiting=config.max_waiting,
         prefill_chunk=config.prefill_chunk,
         policy=schedule(config.schedule, config.prefill_budget),
         pool=pool,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from streaming.generation.job import Job
 from streaming.generation.prompts import Prompt
-from streaming.server.answer import Answer
+from streaming.server.answer import Answer, ping_note
 from streaming.server.context import Context
 from streaming.server.exchange import Exchange
 from streaming.wire import sse
@@ -68,7 +68,7 @@ async def stream(ctx: Context, ex: Exchange, fmt: Format, api: ApiRequest, job: 
         return await ex.send(enc.text(piece))
 
     async def keep_alive() -> bool:
-        return await ex.send(enc.keep_alive())
+        return await ex.send(enc.keep_alive(ping_note(ctx.backend.position(job))))
 
     async with Answer(ctx.answers, job, ex.request.path, watch=ex.conn) as answer:
         ex.start_stream(sse.RESPONSE_FIELDS, ending)

@@ -114,7 +114,7 @@ class AnthropicStream:
             {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": piece}},
         )
 
-    def keep_alive(self) -> bytes:
+    def keep_alive(self, note: str = "ping") -> bytes:  # noqa: ARG002 - its ping event has no room for a note
         return named("ping", {"type": "ping"})  # Anthropic's own keep-alive event
 
     def end(self, finish: Finish, completion_tokens: int) -> bytes:

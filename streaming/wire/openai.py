@@ -154,8 +154,8 @@ class OpenAIStream:
     def text(self, piece: str) -> bytes:
         return self.chunk([{"index": 0, "delta": {"content": piece}, "logprobs": None, "finish_reason": None}])
 
-    def keep_alive(self) -> bytes:
-        return sse.comment("ping")  # OpenAI's clients ignore comments
+    def keep_alive(self, note: str = "ping") -> bytes:
+        return sse.comment(note)  # OpenAI's clients ignore comments
 
     def end(self, finish: Finish, completion_tokens: int) -> bytes:
         out = self.chunk([{"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish.reason}])
