@@ -441,6 +441,7 @@ def profile(args):
         )
     for layer in layers:
         layer.fixed = None
+    out["engine_parts_ms"] = engine_parts(lm, out)
     c = batch_cache(16)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         step(c, 16)
@@ -449,6 +450,66 @@ def profile(args):
     out["top_ops_batch16"] = table
     client.save(Path(args.results) / "profile.json", out)
     return out
+
+
+PARTS_CONTEXT = 300  # tokens of each row's context in the engine's step profile (the issue's "32 rows of 300")
+PARTS_STEPS = 4  # steps timed per batch size
+
+
+def engine_parts(lm, out):
+    """The batched engine's own steps, in this process without its thread: for each batch size,
+    every row at a PARTS_CONTEXT-token context, PARTS_STEPS steps of every row (fifo), then as many
+    with half the rows sitting out (what the qoe schedule's narrowed steps cost); per step, the
+    milliseconds of each part (streaming/generation/parts.py)."""
+    import torch
+
+    from streaming.generation.batched import BatchedJob, BatchEngine, Row
+    from streaming.generation.policy import Fifo, Plan
+    from streaming.wire.params import plain_request
+
+    class Half(Fifo):
+        def plan(self, rows, now, joining=None):  # noqa: ARG002 - as Fifo.plan
+            return Plan(list(range(0, len(rows), 2)), self.budget)
+
+    ids = (lm.tok(" ".join(PROMPTS)).input_ids * 4)[:PARTS_CONTEXT]
+    result = {}
+    print(f"the engine's step by part, ms (a {PARTS_CONTEXT}-token context, {out['dtype']}):", flush=True)
+    print("  rows  step  forward  sampling    kv  hand-off | half the rows sit out: step  kv", flush=True)
+
+    async def run(b):
+        e = BatchEngine(lm.handle(), max_batch=b, policy=Fifo(PARTS_CONTEXT * b))
+        params = plain_request({"prompt": "x", "max_tokens": 4000, "ignore_eos": True}).params
+        jobs = [BatchedJob(e, ids, params) for _ in range(b)]
+        for job in jobs:
+            job.stats.active.add(job)
+            e.waiting.append(Row(job, 0.0))
+        e.take_waiting()
+        with torch.inference_mode():
+            while e.joining:
+                e.step()
+            timed = {}
+            for name, policy in (("all", Fifo(0)), ("half", Half(0))):
+                e.policy = policy
+                e.parts.reset()
+                t0 = time.perf_counter()
+                for _ in range(PARTS_STEPS):
+                    e.step()
+                step = 1000 * (time.perf_counter() - t0) / PARTS_STEPS
+                timed[name] = {"step": step, **{k: 1000 * v / PARTS_STEPS for k, v in e.parts.snapshot().items()}}
+        for job in jobs:
+            job.stop.set()
+        return timed
+
+    for b in (1, 2, 4, 8, 16, 32, 64):
+        t = asyncio.run(run(b))
+        result[b] = t
+        a, h = t["all"], t["half"]
+        print(
+            f"  {b:4d} {a['step']:5.0f} {a['forward']:8.0f} {a['sampling']:9.1f} {a['kv']:5.1f} {a['hand_off']:9.1f}"
+            f" | {h['step']:27.0f} {h['kv']:3.1f}",
+            flush=True,
+        )
+    return result
 
 
 def main(argv=None):

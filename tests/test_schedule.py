@@ -20,7 +20,7 @@ from helpers import ROOT, ServerProcess, http, metrics, model_of, stream_texts
 import lm
 from streaming.generation import kv
 from streaming.generation.batched import BatchedJob, BatchEngine, Row
-from streaming.generation.policy import MAX_PREFILL, MAX_SKIP, Fifo, Qoe, prefill_group
+from streaming.generation.policy import MAX_PREFILL, MAX_SKIP, Fifo, Qoe, StepCosts, prefill_group
 from streaming.generation.thread import ThreadJob
 from streaming.model import quant
 from streaming.model.loading import forward_kwargs
@@ -83,6 +83,30 @@ def test_qoe_admits_newcomers_at_once_when_they_are_the_most_behind():
     # Readers with seconds of text on screen lend the newcomers their slack.
     plan = q.plan([Fake(delivered=round(4.6 * 25), last_at=19.9)], now=20.0, joining=19.99)
     assert 100 < plan.prefill <= MAX_PREFILL
+
+
+def test_step_costs_say_how_many_rows_ride_along_for_next_to_nothing():
+    costs = StepCosts(weight=1.0)  # the latest measurement only
+    for n, seconds in ((1, 0.100), (2, 0.150), (4, 0.105), (8, 0.250), (16, 0.260)):
+        costs.record(n, seconds)
+    assert StepCosts().free_rows(3, 64) == 3  # nothing measured: nobody rides along
+    assert costs.free_rows(1, 64) == 4  # a step of 2 costs 50% more than one of 1, but one of 4 only 5%
+    assert costs.free_rows(3, 64) == 4  # the rest of its band (4 rows cost what 3 do)
+    assert costs.free_rows(5, 64) == 16  # 16 rows cost 4% more than 8
+    assert costs.free_rows(5, 12) == 12  # never more rows than there are
+    costs.record(16, 0.5)
+    assert costs.free_rows(5, 64) == 8  # the machine changed: 16 is dear now
+
+
+def test_qoe_lets_rows_far_ahead_ride_along_where_the_step_costs_next_to_nothing():
+    costs = StepCosts(weight=1.0)
+    for n, seconds in ((1, 0.100), (2, 0.150), (4, 0.105)):
+        costs.record(n, seconds)
+    rows = [Fake(delivered=d, last_at=19.9) for d in (300, 85, 250, 200, 280)]
+    q = Qoe(min_batch=1)
+    assert q.plan(rows, now=20.0).run == [1]  # without costs: the urgent one alone
+    assert q.plan(rows, now=20.0, costs=costs).run == [1, 3, 2, 4]  # a step of 4 costs one of 1
+    assert Qoe(min_batch=1, conserving=False).plan(rows, now=20.0, costs=costs).run == [1]
 
 
 def test_prefill_group_takes_whole_prompts_in_order_within_the_budget():

@@ -34,7 +34,6 @@ queue grows; the qoe policy skips it instead), and the repetition penalty.
 from __future__ import annotations
 
 import collections
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -44,13 +43,13 @@ import torch
 
 from streaming.generation import kv
 from streaming.generation.job import Job
-from streaming.generation.policy import PREFILL_BUDGET, Fifo, Qoe, prefill_group
+from streaming.generation.parts import StepParts
+from streaming.generation.policy import PREFILL_BUDGET, Fifo, Qoe, StepCosts, prefill_group
 from streaming.generation.sampling import Draws, choose_batch
+from streaming.generation.waiting import MAX_WAITING, WaitingRoom
 from streaming.model.loading import Model, forward_kwargs
 
 MAX_BATCH = 64  # active requests per step: past it they wait. 64 rows of 4k tokens is ~6 GB of KV in float32
-MAX_WAITING = 512  # requests waiting for a place: past it a new one gets 503 and Retry-After (another replica)
-DEPARTURES = 32  # the latest ends kept to estimate when a place frees (Retry-After)
 PREFILL_CHUNK = (
     128  # a longer prompt is prefilled alone, this many tokens a step: the extra wait it adds to others' gaps
 )
@@ -94,13 +93,11 @@ class BatchEngine:
         max_waiting: int = MAX_WAITING,
     ) -> None:
         self.max_batch, self.chunk, self.token_delay = max_batch, prefill_chunk, token_delay
-        self.max_waiting = max_waiting
-        self.departures: collections.deque[float] = collections.deque(maxlen=DEPARTURES)  # when rows ended
         self.model = model  # its network is loaded on the first step (the server listens first)
         self.device = model.device
         self.policy = policy or Fifo(PREFILL_BUDGET)
         self.clock = clock
-        self.waiting: collections.deque[Row] = collections.deque()  # not yet admitted (from the event loop)
+        self.waiting = WaitingRoom(max_waiting)  # not yet admitted (from the event loop)
         self.joining: collections.deque[Row] = collections.deque()  # admitted, prompt being prefilled
         self.rows: list[Row] = []  # in the batch, one per row of `kv`
         self.kv = kv.KVBatch(self.device)
@@ -108,6 +105,8 @@ class BatchEngine:
         self.lock = threading.Condition()
         self.steps = self.tokens = self.skipped = 0
         self.step_seconds = 0.0
+        self.parts = StepParts()
+        self.costs = StepCosts()  # decode steps' seconds by rows run: the policy lets rows ride where free
         self.thread: threading.Thread | None = None
 
     # --- from the event loop -------------------------------------------------------------------
@@ -123,17 +122,12 @@ class BatchEngine:
     def position(self, job: Job) -> int | None:
         """How many requests wait ahead of this one for a place in the batch (None: it has one)."""
         with self.lock:
-            return next((i for i, row in enumerate(self.waiting) if row.job is job), None)
+            return self.waiting.position(job)
 
     def refusal(self) -> tuple[int, int] | None:
-        """None while a new request may wait for a place; else (requests waiting, seconds until a
-        place is likely to free: the mean time between the latest ends, 1 to 60)."""
+        """None while a new request may wait for a place; else (waiting, Retry-After seconds)."""
         with self.lock:
-            if len(self.waiting) < self.max_waiting:
-                return None
-            ends = list(self.departures)
-        between = (ends[-1] - ends[0]) / (len(ends) - 1) if len(ends) > 1 else 5.0
-        return len(self.waiting), max(1, min(60, math.ceil(between)))
+            return self.waiting.refusal()
 
     def metrics(self) -> dict[str, Any]:
         with self.lock:
@@ -148,6 +142,7 @@ class BatchEngine:
                 "rows_skipped": self.skipped,  # row-steps the qoe policy sat out
                 "prefix_hits": self.prefixes.hits,  # prompts prefilled after a kept shared beginning
                 "step_seconds": round(self.step_seconds, 3),  # bench.py: mean step time per batch size
+                "step_parts_seconds": {k: round(v, 3) for k, v in self.parts.snapshot().items()},
             }
 
     # --- the engine thread ---------------------------------------------------------------------
@@ -155,7 +150,7 @@ class BatchEngine:
     def loop(self) -> None:
         while True:
             with self.lock:
-                while not (self.rows or self.joining or self.ready()):
+                while not (self.rows or self.joining or self.waiting.ready(self.clock())):
                     self.lock.wait(0.05 if self.waiting else None)
                 self.take_waiting()
             try:
@@ -177,7 +172,7 @@ class BatchEngine:
         """The stop flags, then the rows the policy runs, then the prompts that join (after the
         decode: a row that joins now has its first token for this step)."""
         self.drop_stopped()
-        plan = self.policy.plan(self.rows, self.clock(), self.joining[0].created if self.joining else None)
+        plan = self.policy.plan(self.rows, self.clock(), self.joining[0].created if self.joining else None, self.costs)
         if plan.run:
             self.decode(sorted(plan.run))
         if self.joining:
@@ -185,29 +180,14 @@ class BatchEngine:
 
     def take_waiting(self) -> None:
         """Admit waiting rows while the batch has room (under the lock)."""
-        while len(self.rows) + len(self.joining) < self.max_batch and (row := self.admit()):
+        while len(self.rows) + len(self.joining) < self.max_batch and (row := self.waiting.admit(self.clock())):
             row.job.begin(self.model)
             self.joining.append(row)
-
-    def ready(self) -> bool:
-        return any(r.not_before <= self.clock() for r in self.waiting)
-
-    def admit(self) -> Row | None:
-        """The next waiting row whose time has come, in order, those with a reader first."""
-        now = self.clock()
-        ready = [r for r in self.waiting if r.not_before <= now]
-        if not ready:
-            return None
-        row = next((r for r in ready if not r.job.orphaned), ready[0])
-        self.waiting.remove(row)
-        return row
 
     def drop_stopped(self) -> None:
         """The once-per-step check of every stop flag (a waiting row's too: it leaves its place)."""
         with self.lock:
-            gone = [row for row in self.waiting if row.job.stop.is_set()]
-            for row in gone:
-                self.waiting.remove(row)
+            gone = self.waiting.stopped()
         for row in gone:
             self.end(row, "stopped")
         for row in list(self.joining):
@@ -230,7 +210,8 @@ class BatchEngine:
                 first.cache = kv.new_cache(m)
             part = first.ids[first.filled : first.filled + self.chunk]
             x = torch.tensor([part], device=device)
-            logits = m(input_ids=x, use_cache=True, **forward_kwargs(m, first.cache)).logits[:, -1]
+            with self.parts.timed("prefill"):
+                logits = m(input_ids=x, use_cache=True, **forward_kwargs(m, first.cache)).logits[:, -1]
             first.filled += len(part)
             if first.filled == len(first.ids):
                 self.joined([first], first.cache, None, logits)
@@ -238,8 +219,9 @@ class BatchEngine:
         n = prefill_group([len(r.ids) for r in self.joining], budget, self.chunk)  # none is partly filled
         group = [self.joining[i] for i in range(n)]  # they leave `joining` once prefilled (a failed step ends them)
         prompts = [r.ids for r in group]
-        prefix = self.prefixes.find(m, prompts, forward_kwargs)
-        cache, mask, logits = kv.prefill(m, prompts, device, forward_kwargs, prefix)
+        with self.parts.timed("prefill"):
+            prefix = self.prefixes.find(m, prompts, forward_kwargs)
+            cache, mask, logits = kv.prefill(m, prompts, device, forward_kwargs, prefix)
         self.joined(group, cache, mask, logits)
 
     def joined(self, group: list[Row], cache: Any, mask: Any, logits: Any) -> None:
@@ -251,29 +233,35 @@ class BatchEngine:
         self.emit(group, logits)
         device = self.device
         part = kv.KVBatch(device)
-        part.join(cache, mask if mask is not None else kv.ones(cache, len(group), device))
         live = [i for i, r in enumerate(group) if not r.done]
-        if len(live) < len(group):
-            part.keep(live)
-        if live:
-            self.kv.join(part.cache, part.mask)
-            self.rows += [group[i] for i in live]
+        with self.parts.timed("kv"):
+            part.join(cache, mask if mask is not None else kv.ones(cache, len(group), device))
+            if len(live) < len(group):
+                part.keep(live)
+            if live:
+                self.kv.join(part.cache, part.mask)
+        self.rows += [group[i] for i in live]
 
     def decode(self, run: list[int]) -> None:
         """One forward pass for the rows `run` (indices into self.rows): each feeds its last token."""
         m, device = self.model.net, self.device
         rows = [self.rows[i] for i in run]
         everyone = len(rows) == len(self.rows)
-        mask = self.kv.extend() if everyone else self.kv.narrow(run)
-        out = m(
-            input_ids=torch.tensor([[r.next] for r in rows], device=device),
-            position_ids=torch.tensor([[r.length] for r in rows], device=device),
-            attention_mask=mask,  # None when no row has padding: the same arithmetic as the thread engine
-            use_cache=True,
-            **forward_kwargs(m, self.kv.cache),
-        )
+        with self.parts.timed("kv"):
+            mask = self.kv.extend() if everyone else self.kv.narrow(run)
+        t0 = time.perf_counter()
+        with self.parts.timed("forward"):
+            out = m(
+                input_ids=torch.tensor([[r.next] for r in rows], device=device),
+                position_ids=torch.tensor([[r.length] for r in rows], device=device),
+                attention_mask=mask,  # None when no row has padding: the same arithmetic as the thread engine
+                use_cache=True,
+                **forward_kwargs(m, self.kv.cache),
+            )
+        self.costs.record(len(rows), time.perf_counter() - t0)
         if not everyone:
-            self.kv.widen(run)
+            with self.parts.timed("kv"):
+                self.kv.widen(run)
             with self.lock:
                 self.skipped += len(self.rows) - len(rows)
         for r in rows:
@@ -285,19 +273,20 @@ class BatchEngine:
     def emit(self, rows: list[Row], logits: Any) -> None:
         """Sample a token for each row and hand it to its job's per-token routine; a row whose job
         ended is marked done."""
-        tokens = choose_batch(logits, [r.draws for r in rows], [r.temperature for r in rows], [r.top_p for r in rows])
+        with self.parts.timed("sampling"):
+            tokens = choose_batch(
+                logits, [r.draws for r in rows], [r.temperature for r in rows], [r.top_p for r in rows]
+            )
         now = self.clock()
         with self.lock:
             self.tokens += len(rows)
-        for row, token in zip(rows, tokens, strict=True):
-            row.done = not row.job.on_token(token)
-            row.next, row.last_at = token, now
-            if row.done:
-                self.departures.append(now)
+        with self.parts.timed("hand_off"):
+            for row, token in zip(rows, tokens, strict=True):
+                row.done = not row.job.on_token(token)
+                row.next, row.last_at = token, now
 
     def end(self, row: Row, reason: str | None = None, error: BaseException | None = None) -> None:
         row.done = True
-        self.departures.append(self.clock())
         if error is None:
             row.job.end(reason or "stopped")
         else:
@@ -306,7 +295,10 @@ class BatchEngine:
     def compact(self) -> None:
         """Drop the rows that are done: their KV memory goes with them."""
         keep = [i for i, r in enumerate(self.rows) if not r.done]
-        self.kv.keep(keep)
+        with self.lock:
+            self.waiting.left(self.clock(), len(self.rows) - len(keep))  # places freed
+        with self.parts.timed("kv"):
+            self.kv.keep(keep)
         self.rows = [self.rows[i] for i in keep]
 
 

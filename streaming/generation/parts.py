@@ -1,0 +1,34 @@
+"""Where the batched engine's step time goes: seconds summed by part (the forward passes of decode
+and prefill, sampling, the KV cache's bookkeeping, the hand-off of each token to its job: its
+detokenizer and its queue to the event loop), read by /metrics.json and `scripts/bench.py profile`.
+
+A `with parts.timed("forward"):` costs two perf_counter calls. Leaves out: per-layer detail
+(torch.profiler's business, which the profile also prints).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+PARTS = ("forward", "prefill", "sampling", "kv", "hand_off")
+
+
+class StepParts:
+    def __init__(self) -> None:
+        self.seconds = dict.fromkeys(PARTS, 0.0)
+
+    @contextmanager
+    def timed(self, part: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[part] += time.perf_counter() - t0
+
+    def snapshot(self) -> dict[str, float]:
+        return dict(self.seconds)
+
+    def reset(self) -> None:
+        self.seconds = dict.fromkeys(PARTS, 0.0)

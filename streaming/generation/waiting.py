@@ -1,0 +1,82 @@
+"""The batched engine's waiting room: the requests that have no place in the batch yet, in order,
+with what a reader and a load balancer are told of it.
+
+- a request is admitted in order once its time has come (`--first-delay` in tests), those with a
+  reader before readerless resumable streams;
+- `position(job)`: how many wait ahead of it (the server's keep-alive comments say it);
+- `refusal()`: past `max_waiting` a new request is refused, with an estimate of when a place
+  frees (the mean time between the latest ends in the batch: the server's Retry-After);
+- a stopped request leaves its place at the engine's once-per-step check.
+
+Plain bookkeeping: the engine holds its lock around every call. Leaves out: priorities beyond
+"has a reader", and any estimate cleverer than the recent ends.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+MAX_WAITING = 512  # requests waiting for a place: past it a new one gets 503 and Retry-After (another replica)
+DEPARTURES = 32  # the latest ends kept to estimate when a place frees
+NO_ESTIMATE = 5.0  # seconds said before two ends were seen
+RETRY_LONGEST = 60  # Retry-After is said between 1 s and this
+
+
+class Waiter(Protocol):
+    job: Any  # has .orphaned and .stop
+    not_before: float
+
+
+class WaitingRoom:
+    def __init__(self, max_waiting: int = MAX_WAITING) -> None:
+        self.max_waiting = max_waiting
+        self.rows: collections.deque[Any] = collections.deque()
+        self.departures: collections.deque[float] = collections.deque(maxlen=DEPARTURES)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.rows)
+
+    def append(self, row: Waiter) -> None:
+        self.rows.append(row)
+
+    def ready(self, now: float) -> bool:
+        return any(r.not_before <= now for r in self.rows)
+
+    def admit(self, now: float) -> Any | None:
+        """The next row whose time has come, in order, those with a reader first (None: none)."""
+        ready = [r for r in self.rows if r.not_before <= now]
+        if not ready:
+            return None
+        row = next((r for r in ready if not r.job.orphaned), ready[0])
+        self.rows.remove(row)
+        return row
+
+    def stopped(self) -> list[Any]:
+        """The rows whose job was stopped while waiting, taken out."""
+        gone = [row for row in self.rows if row.job.stop.is_set()]
+        for row in gone:
+            self.rows.remove(row)
+        return gone
+
+    def position(self, job: Any) -> int | None:
+        """How many wait ahead of this job (None: it is not waiting)."""
+        return next((i for i, row in enumerate(self.rows) if row.job is job), None)
+
+    def left(self, now: float, rows: int = 1) -> None:
+        """Rows left the batch (ended, stopped): places freed."""
+        self.departures.extend([now] * rows)
+
+    def refusal(self) -> tuple[int, int] | None:
+        """None while a new request may wait; else (requests waiting, seconds after which a place
+        is likely to have freed)."""
+        if len(self.rows) < self.max_waiting:
+            return None
+        ends = list(self.departures)
+        between = (ends[-1] - ends[0]) / (len(ends) - 1) if len(ends) > 1 else NO_ESTIMATE
+        return len(self.rows), max(1, min(RETRY_LONGEST, math.ceil(between)))
