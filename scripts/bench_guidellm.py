@@ -6,10 +6,10 @@
 guidellm 0.8.1 is installed into a virtual environment of its own (.venv-guidellm, about a minute
 and a half the first time: it pins packages this project's environment must not take). Each
 profile (one request at a time, then Poisson at each rate) runs on one server then the other,
-the order alternating. guidellm asks every server for exactly `output_tokens` (`ignore_eos`,
-`max_completion_tokens`); `transformers serve` takes neither, so it is also sent the
-`generation_config` of bench_qoe.py that makes it generate exactly that many (checked: guidellm's
-report counts the output tokens). Synthetic prompts of --prompt-tokens tokens, the bundled
+the order alternating. guidellm asks this server for exactly `output_tokens` (`ignore_eos`,
+`max_completion_tokens`); `transformers serve` refuses `ignore_eos` (422, "Unexpected fields"), so
+guidellm is given it a `max_tokens` instead, with the `generation_config` of bench_qoe.py that
+makes it generate exactly that many (checked: guidellm's report counts the output tokens). Synthetic prompts of --prompt-tokens tokens, the bundled
 tokenizer. Saves guidellm's report per server and profile under results/guidellm/ (JSON and CSV)
 and prints its console tables; the summary below them is TTFT, inter-token latency and output
 tokens a second, median and p99, side by side. Benchmarks are not tests: nothing here asserts.
@@ -52,18 +52,23 @@ def backend(port: int, ours: bool, tokens: int, model: str | None) -> str:
     value: dict = {"kind": "openai_http", "target": f"http://127.0.0.1:{port}"}
     if model is not None:
         value["model"] = model
-    if not ours:  # equal work: the peer has no ignore_eos
+    if not ours:  # equal work: the peer has no ignore_eos (it answers 422 to the field), so guidellm is
+        # not told the output length (it would send ignore_eos) but a max_tokens, and the peer
+        # bench_qoe's generation_config, which makes it generate exactly that many
+        value["max_tokens"] = tokens
         value["extras"] = {"body": bench_qoe.extra(False, tokens)}
     return json.dumps(value)
 
 
 def profile_run(exe: Path, name: str, server: dict, profile: str, args, folder: Path, out: Path) -> dict | None:
-    data = f"kind=synthetic_text,prompt_tokens={args.prompt_tokens},output_tokens={args.output_tokens}"
+    data = f"kind=synthetic_text,prompt_tokens={args.prompt_tokens}"
+    if server["ours"]:
+        data += f",output_tokens={args.output_tokens}"  # guidellm then sends ignore_eos and the length
     kind, _, rate = profile.partition(" ")
     if kind == "synchronous":
         prof, constraint = "kind=synchronous", f"kind=max_requests,count={args.synchronous}"
     else:
-        prof, constraint = f"kind=poisson,rate={rate}", f"kind=max_duration,duration={args.seconds}"
+        prof, constraint = f"kind=poisson,rate={rate}", f"kind=max_duration,seconds={args.seconds}"
     stem = out / f"{name.replace(', ', '-').replace(' ', '_')}-{profile.replace(' ', '-')}"
     argv = [str(exe), "run", "--backend", backend(server["port"], server["ours"], args.output_tokens, server["model"])]
     argv += ["--profile", prof, "--constraint", constraint, "--data", data]
