@@ -7,6 +7,7 @@ float32 and bfloat16."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 import torch
@@ -84,6 +85,19 @@ def test_a_measured_model_keeps_its_tables_per_machine_and_reads_them_back(tmp_p
     kept.write_text('{"not": "tables"}')  # a damaged file is timed again, not trusted
     monkeypatch.undo()
     assert set(kernels.measure(net, tmp_path)) == set(tables)
+    wrong = {name: ["int8"] * len(ROWS) for name in tables}  # a kernel these dense layers do not have
+    kept.write_text(json.dumps(wrong))
+    assert kernels.measure(net, tmp_path) != wrong
+    assert all(m.pick(1) in m.candidates(1) for m in net.modules() if isinstance(m, ChosenLinear))
+
+
+def test_a_cache_that_cannot_be_written_only_means_timing_again(tmp_path):
+    net = tiny_model(lm.load_tokenizer()).to(torch.float32)
+    kernels.wrap(net)
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    assert kernels.measure(net, blocked)  # mkdir fails: a warning, the tables still set
+    assert list(tmp_path.iterdir()) == [blocked]  # no temporary file left behind
 
 
 def test_a_quantized_layer_times_its_own_kernel_too_and_never_runs_it_where_dense_is_faster(monkeypatch):

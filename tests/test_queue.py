@@ -11,6 +11,28 @@ import time
 import pytest
 from helpers import ServerProcess, WSClient, connect, http
 
+from streaming.generation.waiting import WaitingRoom
+
+
+def test_the_waiting_room_refuses_only_past_its_bound_counting_the_places_still_free():
+    class Row:
+        def __init__(self):
+            self.job, self.not_before = object(), 0.0
+
+    room = WaitingRoom(max_waiting=0)
+    assert room.refusal(free=4) is None  # an idle server: a place is free
+    assert room.refusal(free=0) is not None  # the batch is full: 0 may wait
+    room = WaitingRoom(max_waiting=2)
+    for _ in range(3):
+        room.append(Row())
+    assert room.refusal(free=2) is None  # two of the three take the free places at the next step
+    assert room.refusal(free=1) is not None  # one does: two still wait, the bound
+    waiting, seconds = room.refusal(free=0)
+    assert waiting == 3 and seconds == 5  # no ends seen yet: the default estimate
+    room.left(10.0)
+    room.left(14.0, rows=2)
+    assert room.refusal(free=0)[1] == 2  # ends 2 s apart on average: Retry-After 2
+
 
 @pytest.fixture(scope="module")
 def server():

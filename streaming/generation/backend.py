@@ -111,6 +111,17 @@ class Backend:
             await relay.start().opened
             return relay
         assert self.model is not None
+        self.check_room()  # before encoding: a refused request costs no tokenizer time
+        ids = await asyncio.to_thread(prompt.encode, self.model, params)
+        self.check_room()  # again with no await before the submit: a burst cannot all pass the first check
+        job = self.start(ids, params)
+        job.prompt = prompt
+        return job
+
+    def check_room(self) -> None:
+        """Refuse a new request when --max-waiting requests wait for a place already (503 with
+        Retry-After, close 1013). A stream taken over from another replica is not refused: its
+        reader is already reading (it goes through start())."""
         if self.batch is not None and (full := self.batch.refusal()) is not None:
             waiting, seconds = full
             raise ProtocolError(
@@ -121,9 +132,6 @@ class Backend:
                 kind="overloaded",
                 headers=[("Retry-After", str(seconds))],
             )
-        job = self.start(await asyncio.to_thread(prompt.encode, self.model, params), params)
-        job.prompt = prompt
-        return job
 
     def start(self, ids: list[int], params: GenerationParams, prior: Prior = ()) -> Job:
         """A started job for the prompt's ids; `prior`: the answer's tokens so far (a stream

@@ -127,7 +127,7 @@ class BatchEngine:
     def refusal(self) -> tuple[int, int] | None:
         """None while a new request may wait for a place; else (waiting, Retry-After seconds)."""
         with self.lock:
-            return self.waiting.refusal()
+            return self.waiting.refusal(max(0, self.max_batch - len(self.rows) - len(self.joining)))
 
     def metrics(self) -> dict[str, Any]:
         with self.lock:

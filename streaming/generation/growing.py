@@ -77,6 +77,8 @@ def new_cache(m: Any) -> DynamicCache:
     """A DynamicCache for the model whose plain layers are GrowingLayers."""
     cache = DynamicCache(config=m.config)
     cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    if getattr(cache, "layer_class_to_replicate", None) is DynamicLayer:  # layers made on first use
+        cache.layer_class_to_replicate = GrowingLayer
     return cache
 
 

@@ -131,6 +131,8 @@ def layers(cache: Any) -> list[tuple[Any, Any]]:
 def set_layers(cache: Any, kv: list[tuple[Any, Any]]) -> None:
     for layer, (k, v) in zip(cache.layers, kv, strict=True):
         layer.keys, layer.values = k.contiguous(), v.contiguous()
+        if getattr(layer, "store", None) is not None:
+            layer.store = None  # a growing layer's old room goes now (a leave frees its rows' memory at once)
 
 
 def pad(t: Any, width: int) -> Any:

@@ -46,6 +46,7 @@ MAX_PREFILL = 2048  # qoe: the most prompt tokens one step takes (~3 s here), ho
 PREFILL_TOKEN_SECONDS = 1.4e-3  # prefill cost a token, measured here: 8 prompts of 45 tokens in 0.50 s (bf16, 0.5B)
 SCHEDULES = ("fifo", "qoe")
 BANDS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # row counts whose step costs are kept (the kernels' own row counts)
+WHOLE_BAND = 4  # up to this band, its rest rides along unmeasured (4 rows cost what 3 do); past it, measured
 FREE_SHARE = 0.1  # qoe: rows ride along in a step while it costs at most 10% more than the step without them
 COST_WEIGHT = 0.2  # the weight of the latest step in a band's moving average (the machine drifts)
 
@@ -88,12 +89,12 @@ class StepCosts:
     def free_rows(self, n: int, most: int) -> int:
         """How many rows a step of n could run instead (at most `most`) for at most FREE_SHARE
         more time, from what has been measured (n when nothing is known of n's band): the rest
-        of its band, or the largest band above that costs at most FREE_SHARE more (a larger
-        step can cost less: another kernel runs it)."""
+        of its band if that is at most WHOLE_BAND, or the largest band above that costs at most
+        FREE_SHARE more (a larger step can cost less: another kernel runs it)."""
         base = self.of(n)
         if base is None:
             return n
-        best = self.band(n)
+        best = self.band(n) if self.band(n) <= WHOLE_BAND else n  # a small band costs the same throughout
         for b in BANDS:
             cost = self.of(b)
             if best < b <= self.band(most) and cost is not None and cost <= base * (1 + FREE_SHARE):
@@ -155,13 +156,13 @@ class Qoe:
         if self.conserving and not urgent and joining is None:  # nobody needs a place: everyone runs
             return Plan(list(range(len(rows))), self.budget)
         run = sorted(urgent, key=lambda i: slack[i])
-        places = max(self.min_batch, len(run))  # spare places: a step of MIN_BATCH costs about one of 1
-        if self.conserving and costs is not None and run:
-            places = max(places, costs.free_rows(len(run), len(rows)))  # and rows that cost next to nothing
-        if len(run) < places:  # filled by the least ahead of the rest, readers before orphans
-            rest = sorted((i for i in range(len(rows)) if i not in urgent), key=lambda i: (rows[i].orphaned, slack[i]))
-            run += rest[: places - len(run)]
-        least = min((slack[i] for i in run if not rows[i].orphaned), default=float("inf"))
+        rest = sorted((i for i in range(len(rows)) if i not in urgent), key=lambda i: (rows[i].orphaned, slack[i]))
+        if len(run) < self.min_batch:  # spare places, the least ahead first, readers before orphans
+            run += rest[: self.min_batch - len(run)]
+        least = min((slack[i] for i in run if not rows[i].orphaned), default=float("inf"))  # before riders
+        if self.conserving and costs is not None and run:  # and rows that cost next to nothing
+            places = costs.free_rows(len(run), len(rows))
+            run += [i for i in rest if i not in run][: max(0, places - len(run))]
         if joining is not None and self.slack(joining, 0, now) <= least:
             return Plan(run, MAX_PREFILL)  # the newcomers are the most behind: admit them in one go
         # Otherwise prefill may take the time the running rows can spare beyond the horizon they

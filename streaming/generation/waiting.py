@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from typing import Any, Protocol
 
 MAX_WAITING = 512  # requests waiting for a place: past it a new one gets 503 and Retry-After (another replica)
+# (a readerless resumable stream counts too: it holds a place in line as any request does)
 DEPARTURES = 32  # the latest ends kept to estimate when a place frees
 NO_ESTIMATE = 5.0  # seconds said before two ends were seen
 RETRY_LONGEST = 60  # Retry-After is said between 1 s and this
@@ -72,10 +73,12 @@ class WaitingRoom:
         """Rows left the batch (ended, stopped): places freed."""
         self.departures.extend([now] * rows)
 
-    def refusal(self) -> tuple[int, int] | None:
-        """None while a new request may wait; else (requests waiting, seconds after which a place
-        is likely to have freed)."""
-        if len(self.rows) < self.max_waiting:
+    def refusal(self, free: int = 0) -> tuple[int, int] | None:
+        """None while a new request may wait (`free`: places in the batch not yet taken, which
+        the rows waiting will take at the next step); else (requests waiting, seconds after
+        which a place is likely to have freed). With max_waiting 0: refused once the batch is
+        full."""
+        if len(self.rows) - free < self.max_waiting:
             return None
         ends = list(self.departures)
         between = (ends[-1] - ends[0]) / (len(ends) - 1) if len(ends) > 1 else NO_ESTIMATE

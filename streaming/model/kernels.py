@@ -28,10 +28,14 @@ Leaves out: GPUs and MPS (their libraries choose well: only the CPU is measured)
 from __future__ import annotations
 
 import bisect
+import contextlib
 import copy
 import hashlib
 import json
+import logging
+import os
 import platform
+import secrets
 import statistics
 import time
 from collections.abc import Callable
@@ -43,6 +47,7 @@ import torch
 ROWS = (1, 2, 4, 8, 16, 32, 64)  # row counts measured; a count between two takes the larger's kernel
 MARGIN = 0.97  # a kernel replaces `linear` only when its median time is at most 97% of linear's (noise)
 COPY_MARGIN = 0.9  # one that keeps a copy of the weight (COPYING), at most 90%: it costs memory
+FORMAT = "kernels-1"  # the kept file's format: a change of it, or of what is timed, times again
 ROUNDS = 5  # timings of each candidate at each row count, judged by their median
 SAMPLE_BYTES = 64 << 20  # weights timed per shape: more than a CPU's last-level cache, as in a real step
 MODES = ("measure", "linear")  # --kernels: measure at load (the default), or the plain product always
@@ -72,6 +77,7 @@ KERNELS: dict[str, Callable[[Any, torch.Tensor], torch.Tensor]] = {
 }
 COPYING = ("xwt",)  # kernels that keep a copy of the weight: timed at few rows only, kept only if chosen
 COPY_ROWS = 2  # up to this many rows (past it the others win here, and timing costs a copy)
+log = logging.getLogger("streaming.model")
 
 
 class ChosenLinear(torch.nn.Module):
@@ -83,7 +89,8 @@ class ChosenLinear(torch.nn.Module):
         self.in_features, self.out_features = layer.in_features, layer.out_features
         self.table = ["linear"] * len(ROWS)  # until measured (or --kernels linear)
         self.fixed: str | None = None  # one kernel for every call (tests, scripts/perplexity.py)
-        self.copy: torch.Tensor | None = None  # Wᵀ, contiguous, while a COPYING kernel may run
+        self.copy: torch.Tensor | None
+        self.register_buffer("copy", None, persistent=False)  # Wᵀ, contiguous, while a COPYING kernel may run
 
     def candidates(self, rows: int) -> list[str]:
         """The kernels worth timing at this many rows (`linear` first: the one to beat)."""
@@ -143,7 +150,7 @@ def measure(model: torch.nn.Module, folder: Path | None = None, rows: tuple[int,
             groups.setdefault(m.shape(), []).append(m)
     names = {shape: shape_name(shape) for shape in groups}
     path = None if folder is None else folder / f"kernels-{machine_key(sorted(names.values()), rows)}.json"
-    kept = read_tables(path, names.values(), len(rows))
+    kept = read_tables(path, {names[shape]: layers[0] for shape, layers in groups.items()}, rows)
     tables = {}
     with torch.inference_mode():
         for shape, layers in groups.items():
@@ -156,11 +163,23 @@ def measure(model: torch.nn.Module, folder: Path | None = None, rows: tuple[int,
                     layer.copy = None  # the timings' copy goes: no call will read it
             tables[names[shape]] = table
     if path is not None and not kept:
+        keep_tables(path, tables)
+    return tables
+
+
+def keep_tables(path: Path, tables: dict[str, list[str]]) -> None:
+    """Write the tables for the next load; a cache that cannot be written (read-only, full) only
+    means timing again next time. A temporary file of this process's own, then a rename: two
+    replicas measuring at once each write whole files."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(tables, indent=1))
         tmp.replace(path)
-    return tables
+    except OSError as e:
+        log.warning("kernel timings not kept (%s): they are taken again at the next load", e)
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
 
 
 def shape_name(shape: tuple[Any, ...]) -> str:
@@ -194,24 +213,31 @@ def machine_key(shapes: list[str], rows: tuple[int, ...]) -> str:
         ][:2]
     except OSError:
         cpu = [platform.processor(), platform.machine()]
-    facts = [*cpu, torch.__version__, str(torch.get_num_threads()), *shapes, str(rows), str(MARGIN), str(COPY_MARGIN)]
+    facts = [*cpu, torch.__version__, str(torch.get_num_threads()), *shapes, str(rows), FORMAT]
+    facts += [str(x) for x in (MARGIN, COPY_MARGIN, COPY_ROWS, SAMPLE_BYTES, ROUNDS, sorted(KERNELS))]
     return hashlib.sha256("\n".join(facts).encode()).hexdigest()[:16]
 
 
-def read_tables(path: Path | None, names: Any, width: int) -> dict[str, list[str]] | None:
-    """Tables kept by an earlier load, if they are whole and name known kernels; else None."""
+def read_tables(
+    path: Path | None, groups: dict[str, ChosenLinear], rows: tuple[int, ...]
+) -> dict[str, list[str]] | None:
+    """Tables kept by an earlier load, if there is one for every group and each names, at each
+    row count, a kernel that group's layers can run there; else None (timed again)."""
     if path is None or not path.is_file():
         return None
     try:
         kept = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    whole = isinstance(kept, dict) and all(
-        isinstance(kept.get(n), list) and len(kept[n]) == width and all(isinstance(k, str) for k in kept[n])
-        for n in names
-    )
-    known = whole and all(k in KERNELS or k in ("int8", "int4") for n in names for k in kept[n])
-    return kept if known else None
+    if not isinstance(kept, dict):
+        return None
+    for name, layer in groups.items():
+        table = kept.get(name)
+        if not isinstance(table, list) or len(table) != len(rows):
+            return None
+        if not all(isinstance(k, str) and k in layer.candidates(n) for k, n in zip(table, rows, strict=True)):
+            return None
+    return kept
 
 
 def fastest(sample: list[ChosenLinear], rows: int) -> str:
@@ -231,8 +257,8 @@ def fastest(sample: list[ChosenLinear], rows: int) -> str:
             if r:
                 times[name].append(time.perf_counter() - t0)
     median = {name: statistics.median(t) for name, t in times.items()}
-    name = min(median, key=median.__getitem__)
-    return name if median[name] <= (COPY_MARGIN if name in COPYING else MARGIN) * median["linear"] else "linear"
+    passing = [n for n in names if median[n] <= (COPY_MARGIN if n in COPYING else MARGIN) * median["linear"]]
+    return min(passing, key=median.__getitem__) if passing else "linear"
 
 
 def describe(tables: dict[str, list[str]], rows: tuple[int, ...] = ROWS) -> str:

@@ -35,7 +35,8 @@ class Anthropic:
     name = "anthropic"
 
     def error_body(self, err: ProtocolError) -> dict[str, Any]:
-        return {"type": "error", "error": {"type": kind_of(err.status, "api_error"), "message": err.message}}
+        kind = "overloaded_error" if err.kind == "overloaded" else kind_of(err.status, "api_error")
+        return {"type": "error", "error": {"type": kind, "message": err.message}}
 
     def parse(self, body: dict[str, Any]) -> ApiRequest:
         """A messages request body, checked; raises InvalidRequest."""

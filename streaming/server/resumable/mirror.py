@@ -109,11 +109,7 @@ class Mirror:
             args += [f"0-{k + 1}", rec.events[k], " ".join(map(str, rec.tokens[k])), last]
         new, ending = meta and job is not None, rec.last  # (the last event is among these)
         if not new and not ending:  # the usual case: one command, whatever piled up
-            if end - written == 1:
-                fields = {"e": args[2], "t": args[3]}
-                await store.redis.xadd(stream, fields, id=args[1], maxlen=MAX_EVENTS, approximate=False)  # type: ignore[arg-type]
-            else:
-                await store.append(keys=[stream], args=args)
+            await store.append(keys=[stream], args=args)  # refused unless right after what Redis holds
             return end
         pipe = store.redis.pipeline(transaction=False)
         if new:  # its prompt and parameters, and its lease

@@ -60,7 +60,16 @@ RELEASE_SCRIPT = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.cal
 # Several events in one command: the client's cost is per command (about 15 us each in redis-py,
 # bench_store.py), so events that piled up go as one. ARGV: the cap, then per event its entry id,
 # SSE bytes, token ids, and "1" if it is the last.
-APPEND_SCRIPT = """for i = 2, #ARGV, 4 do
+# Append events k+1.. only right after event k: an append into a Redis that lost the stream's start
+# (restarted empty while a write was on its way) would leave a hole that no resume can cross.
+APPEND_SCRIPT = """local first = tonumber(string.match(ARGV[2], '^0%-(%d+)$'))
+local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+local have = 0
+if #last > 0 then have = tonumber(string.match(last[1][1], '^0%-(%d+)$')) end
+if have ~= first - 1 then
+  return redis.error_reply('NOTNEXT the stream holds ' .. have .. ' events, not ' .. (first - 1))
+end
+for i = 2, #ARGV, 4 do
   if ARGV[i + 3] == '1' then
     redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[1], ARGV[i], 'e', ARGV[i + 1], 't', ARGV[i + 2], 'x', '1')
   else
