@@ -249,7 +249,6 @@ class BatchEngine:
         everyone = len(rows) == len(self.rows)
         with self.parts.timed("kv"):
             mask = self.kv.extend() if everyone else self.kv.narrow(run)
-        t0 = time.perf_counter()
         with self.parts.timed("forward"):
             out = m(
                 input_ids=torch.tensor([[r.next] for r in rows], device=device),
@@ -258,7 +257,7 @@ class BatchEngine:
                 use_cache=True,
                 **forward_kwargs(m, self.kv.cache),
             )
-        self.costs.record(len(rows), time.perf_counter() - t0)
+        self.costs.record(len(rows), self.parts.last["forward"])
         if not everyone:
             with self.parts.timed("kv"):
                 self.kv.widen(run)

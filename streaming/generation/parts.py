@@ -18,6 +18,7 @@ PARTS = ("forward", "prefill", "sampling", "kv", "hand_off")
 class StepParts:
     def __init__(self) -> None:
         self.seconds = dict.fromkeys(PARTS, 0.0)
+        self.last = dict.fromkeys(PARTS, 0.0)  # each part's latest timing (the policy's step costs read it)
 
     @contextmanager
     def timed(self, part: str) -> Iterator[None]:
@@ -25,7 +26,8 @@ class StepParts:
         try:
             yield
         finally:
-            self.seconds[part] += time.perf_counter() - t0
+            self.last[part] = time.perf_counter() - t0
+            self.seconds[part] += self.last[part]
 
     def snapshot(self) -> dict[str, float]:
         return dict(self.seconds)
