@@ -85,12 +85,17 @@ class Mirror:
                 store.failed(f"writing stream {rec.id}", e)  # refused for another reason (OOM, READONLY, BUSY)
             except (RedisError, OSError) as e:
                 store.failed(f"writing stream {rec.id}", e)
+                await store.forget_connections()
             # Write nothing more until Redis says what it holds: it may have come back empty
-            # (then the stream again from the start, prompt and lease first).
+            # (then the stream again from the start, prompt and lease first). Asked at once the
+            # first time: a write that met a connection Redis closed (it restarted) goes again on
+            # a new one within a round trip, before a reader can move to another replica.
+            pause = 0.0
             while True:
-                await asyncio.sleep(RETRY)
+                await asyncio.sleep(pause)
                 if (held := await self.held(rec.id)) is not None:
                     break
+                pause = RETRY
             written, has_meta = held
             meta = meta or not has_meta
         self.owned.pop(rec.id, None)

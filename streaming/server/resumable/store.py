@@ -152,6 +152,12 @@ class RedisStore:
         got = await self.redis.xread({key("s", stream_id): f"0-{have}"}, block=block_ms)
         return [entry for _, entries in cast(list[tuple[bytes, list[Entry]]], got) for entry in entries]
 
+    async def forget_connections(self) -> None:
+        """After a command failed: close the idle pooled connections. When Redis restarted they
+        are all dead, and each would fail its next command (redis-py does not always see a
+        closed socket before writing to it); new ones are made as needed."""
+        await self.redis.connection_pool.disconnect(inuse_connections=False)
+
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str | None = None) -> asyncio.Task[Any]:
         task = asyncio.create_task(coro, name=name)
         self.tasks.add(task)
