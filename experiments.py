@@ -169,6 +169,8 @@ def nginx_(args):
             Server("pinging server", "--port", "0", "--ping", "1", *quiet, *model_args),
         ]
         ports = [child.wait().port for child in children]
+        for child in children:
+            say(f"{child.name} :{child.port}: {child.loaded}")
         info = asyncio.run(client.server_info(port=ports[0]))
         results = {"prompt": PROMPT, "max_tokens": N, **info, **asyncio.run(through_nginx(*ports))}
     finally:
@@ -352,8 +354,9 @@ def all_(args):
         server = Server("server", "--port", str(args.port), *model_args)
         naive = Server("naive server", "--naive", "--port", str(args.naive_port), *model_args)
         children += [server, naive]
-        server.wait()
-        naive.wait()
+        for child in (server, naive):
+            child.wait()
+            say(f"{child.name} :{child.port}: {child.loaded}")
         up = ["--upstream-port", str(server.port)]
         buffering = Process("buffering proxy", python("proxy.py", "--port", str(args.proxy_port), *up))
         honoring = Process("honoring proxy", python("proxy.py", "--honor", "--port", str(args.honor_port), *up))

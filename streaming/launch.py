@@ -143,11 +143,19 @@ class Process:
 
 
 class Server(Process):
-    """`python server.py ARGS` on a port it reports, ready once GET /ready says 200."""
+    """`python server.py ARGS` on a port it reports, ready once GET /ready says 200. It loads
+    without transformers' progress bars: several loading at once share one terminal, and their
+    bars would run into one unreadable line; `loaded` is its one line about the model instead."""
 
     def __init__(self, name: str, *args: str, env: dict[str, str] | None = None, stderr: bool = False) -> None:
-        super().__init__(name, python("server.py", *args), env=env, stderr=stderr)
+        quiet = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", **(env or {})}  # (transformers' bars go by this too)
+        super().__init__(name, python("server.py", *args), env=quiet, stderr=stderr)
 
     def wait(self, timeout: float = START_TIMEOUT, check: Callable[[int], bool] | None = None) -> Server:
         super().wait(timeout, check or ready)
         return self
+
+    @property
+    def loaded(self) -> str:
+        """Its line saying which model it loaded and how fast ('model ... ready in 2.2 s; ...')."""
+        return next((line for line in self.lines if " ready in " in line), "")

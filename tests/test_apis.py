@@ -159,6 +159,21 @@ def test_anthropic_whole_stream_helper_and_raw_events_agree(servers):
     assert events[-2].usage.output_tokens == 20
 
 
+def test_anthropic_takes_ignore_eos_as_chat_completions_does(servers):
+    """vLLM's ignore_eos, for measurements: the same on /v1/messages as on /v1/chat/completions
+    (it was dropped there: an answer ended at its first end-of-turn)."""
+    from streaming.wire.anthropic import Anthropic
+    from streaming.wire.openai import OpenAI
+
+    body = {"max_tokens": 40, "messages": MESSAGES, "ignore_eos": True}
+    assert Anthropic().parse(body).params.ignore_eos and OpenAI().parse(body).params.ignore_eos
+    assert not Anthropic().parse(dict(body, ignore_eos=False)).params.ignore_eos
+    r = an(servers["plain"].port).messages.create(model="x", extra_body={"ignore_eos": True}, **body)
+    c = oa(servers["plain"].port).chat.completions.create(model="x", extra_body={"ignore_eos": True}, **body)
+    assert r.usage.output_tokens == c.usage.completion_tokens == 40 and r.stop_reason == "max_tokens"
+    assert r.content[0].text == c.choices[0].message.content and "<|" not in r.content[0].text
+
+
 def test_anthropic_stop_sequences(servers):
     client = an(servers["plain"].port)
     text = client.messages.create(model="x", max_tokens=30, messages=MESSAGES).content[0].text

@@ -2,6 +2,7 @@
 
 import pytest
 
+import lm
 from detokenizer import REPLACEMENT, Detokenizer, StreamDetokenizer
 from lm import tok
 
@@ -76,3 +77,29 @@ def test_special_tokens_are_kept_or_skipped_alike():
         a = "".join(Detokenizer(skip_special_tokens=skip).push(i) for i in ids)
         b = "".join(StreamDetokenizer(skip_special_tokens=skip).push(i) for i in ids)
         assert a == b == tok.decode(ids, skip_special_tokens=skip)
+
+
+def test_a_jobs_text_leaves_special_tokens_out_and_counts_them():
+    """With ignore_eos the model goes on past <|im_end|>: its text skips the special tokens (as
+    vLLM's skip_special_tokens does by default), each still counted as a token."""
+    import asyncio
+
+    from streaming.generation.job import Job
+    from streaming.wire.params import GenerationParams
+
+    ends = [tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
+    ids = tok("Yes").input_ids + ends[:1] + tok("\n").input_ids + ends[1:] + tok("I'm sorry").input_ids
+
+    async def run():
+        job = Job([1, 2], GenerationParams(max_tokens=len(ids), ignore_eos=True))
+        job.begin(lm.handle())
+        for i in ids:
+            job.on_token(i)
+        await asyncio.sleep(0)
+        pieces = []
+        while (item := job.out.get_nowait()) is not None:
+            pieces.append(item)
+        return "".join(pieces), job.produced
+
+    text, produced = asyncio.run(run())
+    assert text == "Yes\nI'm sorry" and produced == len(ids)

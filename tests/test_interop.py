@@ -1,9 +1,10 @@
-"""Clients nobody here wrote are the judges: the websockets library, httpx, http.client."""
+"""Clients nobody here wrote are the judges: the websockets library, httpx, httpx-sse, http.client."""
 
 import http.client
 import json
 
 import httpx
+import httpx_sse
 import pytest
 from helpers import ServerProcess, events, server_log, stream_texts, wait_for_log
 from websockets.sync.client import connect as ws_connect
@@ -64,6 +65,20 @@ def test_httpx_reads_complete_and_stream(port):
         assert r.status_code == 422 and r.json()["error"]["type"] == "invalid_request"
     pieces, done = stream_texts(body)
     assert done and "".join(pieces) == text
+
+
+def test_httpx_sse_reads_a_resumable_stream_as_events_with_data(servers):
+    """The usual `json.loads(sse.data)` loop over a resumable GET /stream: no empty event first
+    (the `retry:` field rides in event 0's block)."""
+    port = servers["resuming"].port
+    with httpx.Client(timeout=60) as client:
+        query = {"prompt": REQUEST["prompt"], "max_tokens": 20, "seed": 2}
+        with httpx_sse.connect_sse(client, "GET", f"http://127.0.0.1:{port}/stream", params=query) as source:
+            evs = list(source.iter_sse())
+    assert evs[0].event == "stream" and evs[0].retry == 1000 and evs[-1].data == "[DONE]"
+    texts = [json.loads(e.data)["text"] for e in evs[1:-1]]  # every event in between: JSON with text
+    want = httpx.post(f"http://127.0.0.1:{port}/complete", json=query, timeout=60).json()["text"]
+    assert "".join(texts) == want
 
 
 def test_http_client_reads_complete_and_stream(port):

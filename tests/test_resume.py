@@ -72,8 +72,9 @@ def test_get_stream_is_the_same_answer_with_ids_and_a_retry(servers):
     port = servers["resuming"].port
     status, headers, body = get(port, QUERY)
     assert status == 200 and headers["content-type"] == "text/event-stream"
-    assert body.startswith(b"retry: 1000\n\n")
+    assert body.startswith(b"retry: 1000\nevent: stream\n")  # in event 0's block: no empty event before it
     evs = events(body)
+    assert evs[0].retry == 1000
     assert evs[0].event == "stream" and json.loads(evs[0].data)["id"] == evs[0].id.split(".")[0]
     stream = evs[0].id.split(".")[0]
     assert [e.id for e in evs] == [f"{stream}.{k}" for k in range(len(evs))]  # every event carries its number

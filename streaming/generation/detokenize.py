@@ -14,7 +14,7 @@ ends.
 
 Both assume that decoding a prefix of the tokens gives a prefix of the text, which holds for
 byte-level BPE such as Qwen's, not for every tokenizer. Neither strips special tokens unless
-asked (skip_special_tokens=True).
+asked (skip_special_tokens=True, as the server's jobs ask: a special token is counted, not shown).
 """
 
 from __future__ import annotations

@@ -140,7 +140,9 @@ class Job:
 
     def begin(self, model: Model) -> None:
         """Before the first token, on the producing side: the detokenizer and the end ids."""
-        self.detok, self.ends = StreamDetokenizer(model.tokenizer), model.stop_ids()
+        # Special tokens (<|im_end|>, <|endoftext|>: with ignore_eos they are generated and go on)
+        # are counted but not shown, as vLLM's skip_special_tokens does by default.
+        self.detok, self.ends = StreamDetokenizer(model.tokenizer, skip_special_tokens=True), model.stop_ids()
         for token in self.prior:  # their text was sent by the process that began the answer
             self.detok.push(token)
 

@@ -30,11 +30,14 @@ def encode_chat(
 
 @dataclass(frozen=True)
 class Prompt:
-    """What a request asks: `text` (our own endpoints) or `messages` (the /v1/ APIs)."""
+    """What a request asks: `text` (our own endpoints, /v1/completions) or `messages` (the
+    other /v1/ APIs). `raw`: a text completion, which an upstream gets as one too (its
+    /v1/completions), not as a user's message."""
 
     text: str | None = None
     messages: tuple[dict[str, str], ...] = ()
     continue_final: bool = False
+    raw: bool = False
 
     def encode(self, model: Model, params: GenerationParams) -> list[int]:
         if self.messages:
@@ -47,12 +50,13 @@ class Prompt:
         return list(self.messages) if self.messages else [{"role": "user", "content": self.text or ""}]
 
     def dumps(self) -> str:
-        return json.dumps({"text": self.text, "messages": list(self.messages), "continue_final": self.continue_final})
+        value = {"text": self.text, "messages": list(self.messages), "continue_final": self.continue_final}
+        return json.dumps(value | ({"raw": True} if self.raw else {}))
 
     @classmethod
     def loads(cls, data: str | bytes) -> Prompt:
         value = json.loads(data)
-        return cls(value["text"], tuple(value["messages"]), value["continue_final"])
+        return cls(value["text"], tuple(value["messages"]), value["continue_final"], value.get("raw") is True)
 
 
 def check_context(model: Model, ids: list[int], params: GenerationParams) -> list[int]:

@@ -76,8 +76,9 @@ def check_key(request: Request, key: str | None) -> None:
 
 
 def check_json(request: Request) -> None:
-    """415 for a POST whose body is not declared as JSON."""
-    if request.method != "POST":
+    """415 for a POST whose body is not declared as JSON (a cross-site form's can't be). A POST
+    with no body has nothing to declare (the SDKs send POST .../cancel bare)."""
+    if request.method != "POST" or not request.body:
         return
     media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if media != "application/json":

@@ -14,11 +14,11 @@ from __future__ import annotations
 import asyncio
 import sys
 
+from streaming.server import routes
 from streaming.server.connection import BodyBudget, Connection
 from streaming.server.context import Context
 from streaming.server.exchange import Exchange
 from streaming.server.guard import allowed_hosts, check_host, check_json, check_key, cors, preflight
-from streaming.server.routes import ROUTES
 from streaming.server.state import Phase
 from streaming.wire.errors import InvalidRequest, ProtocolError
 from streaming.wire.http11 import Request
@@ -95,7 +95,7 @@ class HttpProtocol:
 
     async def dispatch(self, ex: Exchange) -> None:
         request, ctx = ex.request, self.ctx
-        route = ROUTES.get(request.path)
+        route = routes.find(request.path)
         if route is None or route.cors:  # (errors carry them too: a 404 and a 421 as well)
             ex.cors = cors(request, self.config.allow_origin)
         check_host(request, self.hosts)

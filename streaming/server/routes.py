@@ -12,13 +12,15 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
-from streaming.server import article, status, v1, ws
+from streaming.server import article, responses, status, v1, ws
 from streaming.server.context import Context
 from streaming.server.exchange import Exchange
 from streaming.server.resumable import endpoints as resumable
 from streaming.wire.anthropic import Anthropic
 from streaming.wire.apis import Format
+from streaming.wire.completions import Completions
 from streaming.wire.openai import OpenAI
+from streaming.wire.responses import Responses
 
 Handler = Callable[[Context, Exchange], Awaitable[None]]
 
@@ -46,5 +48,18 @@ ROUTES = {
     "/metrics.json": Route(("GET",), status.metrics_json),  # the same counts and more, as JSON
     "/v1/chat/completions": Route(("POST",), v1.answer, OpenAI(), model=True),  # OpenAI's wire format
     "/v1/messages": Route(("POST",), v1.answer, Anthropic(), model=True),  # Anthropic's
+    "/v1/completions": Route(("POST",), v1.answer, Completions(), model=True),  # OpenAI's text completions
+    "/v1/responses": Route(("POST",), responses.create, Responses(), model=True),  # OpenAI's Responses API
     "/v1/models": Route(("GET",), v1.models, OpenAI()),
 }
+# Paths with an id in them: the longest prefix that matches names the route.
+PREFIXES = {
+    responses.PREFIX: Route(("GET", "POST"), responses.item, Responses(), model=True),  # {id}, {id}/cancel
+}
+
+
+def find(path: str) -> Route | None:
+    """The route of a request's path: its own, or its prefix's."""
+    if (route := ROUTES.get(path)) is not None:
+        return route
+    return next((r for prefix, r in PREFIXES.items() if path.startswith(prefix) and len(path) > len(prefix)), None)

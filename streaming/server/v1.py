@@ -33,10 +33,16 @@ async def models(ctx: Context, ex: Exchange) -> None:
     ex.respond_json(200, {"object": "list", "data": [route_format(ex).models(model_id(ctx))]})
 
 
+def prompt_of(api: ApiRequest) -> Prompt:
+    if api.text is not None:  # a text completion: the prompt as it is
+        return Prompt(api.text, raw=True)
+    return Prompt(None, tuple(api.messages), api.continue_final)
+
+
 async def answer(ctx: Context, ex: Exchange) -> None:
     fmt = route_format(ex)
     api = fmt.parse(ex.request.json())
-    job = await ctx.backend.open(Prompt(None, tuple(api.messages), api.continue_final), api.params)
+    job = await ctx.backend.open(prompt_of(api), api.params)
     if api.stream:
         await stream(ctx, ex, fmt, api, job)
     else:

@@ -59,6 +59,7 @@ class Anthropic:
             seed=number(body, "seed", 0, 0, MAX_SEED, True, none_is_default=True),  # not Anthropic's; for tests
             temperature=number(body, "temperature", 1.0, 0, 1, none_is_default=True),
             top_p=number(body, "top_p", 1.0, 1e-6, 1, none_is_default=True),
+            ignore_eos=body.get("ignore_eos") is True,  # vLLM's extension (not Anthropic's), for measurements
         )
         return ApiRequest(chat, params, body.get("stream") is True, stops(body.get("stop_sequences"), "stop_sequences"))
 

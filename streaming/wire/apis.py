@@ -1,12 +1,12 @@
 """What the real APIs' wire formats share, and the shape each of them fills in.
 
-A format (openai.py, anthropic.py) is one object that knows everything its API does differently:
+A format (openai.py, anthropic.py, responses.py, completions.py) is one object that knows everything its API does differently:
 its request check, its error body, its non-streaming answer, its streamed events and its words
 for why an answer ended. The /v1/ handler drives any `Format` the same way, so adding an API is
 adding a module here. The shapes follow the public references, and the official SDKs are the
 judges in tests/test_apis.py.
 
-Leaves out: tools, images, logprobs, n > 1, and the Responses API.
+Leaves out: tools, images, logprobs, n > 1.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ class ApiRequest(NamedTuple):
     include_usage: bool = False  # OpenAI's stream_options.include_usage
     obfuscation: bool = True  # OpenAI's random padding of stream chunks
     continue_final: bool = False  # vLLM's continue_final_message: go on with the last (assistant) message
+    background: bool = False  # the Responses API's: the stream is resumable and outlives its reader
+    text: str | None = None  # a text completion's prompt, as it is (then `messages` is empty)
 
 
 class Finish(NamedTuple):

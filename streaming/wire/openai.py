@@ -199,7 +199,7 @@ def read_chunk(data: str) -> Chunk:
         if not isinstance(choice, dict):
             continue
         delta = choice.get("delta")
-        text = delta.get("content") if isinstance(delta, dict) else None
+        text = delta.get("content") if isinstance(delta, dict) else choice.get("text")  # (a text completion's chunk)
         if isinstance(text, str):
             texts.append(text)
         if isinstance(delta, dict) and any(v for k, v in delta.items() if k != "role"):

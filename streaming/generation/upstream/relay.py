@@ -6,7 +6,9 @@ are this server's, whatever engine is behind it.
 Each request becomes a streaming Chat Completions request (`stream: true`, usage included) to an
 upstream the pool chooses (pool.py), over the project's HTTP client (streaming/http_client.py);
 each chunk is read by the wire layer's `openai.read_chunk`, and each `delta.content` becomes a
-piece of the job.
+piece of the job. A text completion (/v1/completions, a `raw` prompt) goes to the upstream's
+/v1/completions instead, its chunks' `text` the pieces. Whatever API the reader speaks (Chat
+Completions, Messages, Responses), the upstream is asked in one of these two.
 
 - Retrying: a request is tried on another upstream only while the reader has had no piece of its
   answer (a retry later would repeat or change text the reader has seen).
@@ -20,7 +22,7 @@ piece of the job.
   the upstream continues the answer rather than starting again.
 
 Leaves out: HTTP/2 and upstream keep-alive (one connection a request: a stopped answer's
-connection must close anyway), and the Responses API.
+connection must close anyway), and asking an upstream in its Responses API.
 """
 
 from __future__ import annotations
@@ -111,10 +113,18 @@ class UpstreamJob(Job):
         }
         if p.ignore_eos:
             body["ignore_eos"] = True  # vLLM's extension, and this server's
-        if self.so_far:
+        if self.raw:  # a text completion: the prompt (and the answer so far) as it is
+            del body["messages"]
+            body["prompt"] = (self.prompt.text or "") + self.so_far if self.prompt is not None else self.so_far
+        elif self.so_far:
             body["messages"] = [*self.messages, {"role": "assistant", "content": self.so_far}]
             body.update(continue_final_message=True, add_generation_prompt=False)
         return json.dumps(body).encode()
+
+    @property
+    def raw(self) -> bool:
+        """A text completion's prompt: asked of the upstream's /v1/completions, not its chat."""
+        return self.prompt is not None and self.prompt.raw
 
     async def feed(self) -> None:
         try:
@@ -161,7 +171,8 @@ class UpstreamJob(Job):
         reader, writer = await connect(u)
         self.deadline = time.monotonic() + self.pool.first_text
         try:
-            writer.write(request_bytes(u, "POST", "/chat/completions", self.body(model), self.pool.key))
+            path = "/completions" if self.raw else "/chat/completions"
+            writer.write(request_bytes(u, "POST", path, self.body(model), self.pool.key))
             reply = http_client.Reply(reader)
             head = await self.read(u, reply.read_head())
             if head.status != 200:

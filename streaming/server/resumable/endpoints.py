@@ -21,7 +21,10 @@ from streaming.wire.errors import ProtocolError
 from streaming.wire.http11 import Request
 from streaming.wire.params import flag, plain_request, query_body
 
-RETRY = f"retry: {RETRY_MS}\n\n".encode()  # the stream's first bytes: how soon EventSource reconnects
+# How soon EventSource reconnects, as a field of the first event each connection is sent: a block
+# of its own would dispatch nothing by the spec, but some clients (httpx-sse) yield it as an empty
+# event, and a `json.loads(event.data)` loop over them fails.
+RETRY = f"retry: {RETRY_MS}\n".encode()
 PING = sse.comment("ping")
 
 
@@ -57,13 +60,14 @@ async def follow(ctx: Context, ex: Exchange, rec: Recording, after: int) -> None
     config, conn = ctx.config, ex.conn
     rec.attach()
     watcher = asyncio.create_task(conn.watch())
-    k, sent = after + 1, 0
+    k, sent, retry = after + 1, 0, RETRY
     try:
-        ex.start_stream(sse.RESPONSE_FIELDS, None, RETRY)
+        ex.start_stream(sse.RESPONSE_FIELDS, None)
         while True:
             while k < len(rec.events):
-                if not await ex.send(rec.events[k]):
+                if not await ex.send(retry + rec.events[k]):
                     return
+                retry = b""
                 k, sent = k + 1, sent + 1
                 rec.sent(k)
                 if config.drop_after and sent >= config.drop_after and not (rec.ended and k == len(rec.events)):

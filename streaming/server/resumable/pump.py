@@ -1,6 +1,7 @@
 """A resumable stream's generating side: its job's pieces into its recording, whoever reads it
 (or nobody, for a while), as one Answer (streaming/server/answer.py), then its end: `[DONE]`, or
-an error event (the job's failure, or the shutdown's cut). A job handed off to another replica
+an error event (the job's failure, or the shutdown's cut), in the recording's own wire format
+(encodings.py). A job handed off to another replica
 (shutdown, or a stream taken over) ends without an end event: its readers reconnect, and the
 replica that takes it over writes the rest.
 
@@ -15,31 +16,31 @@ meanwhile (at most max_tokens of them).
 from __future__ import annotations
 
 import asyncio
-import json
 
-from streaming.generation.job import Job, Piece
+from streaming.generation.job import Job
 from streaming.server.answer import Answer, Answers, Early
+from streaming.server.resumable.encodings import Encoding
 from streaming.server.resumable.recordings import Recording
-from streaming.wire.errors import ProtocolError, error_body
+from streaming.wire.errors import ProtocolError
 
 UNREAD = 256  # events recorded ahead of every reader before the pump waits for one
 RECHECK = 0.5  # seconds between looks at the job's stop flag while waiting (a thread sets it)
 
 
-async def pump(answers: Answers, rec: Recording) -> None:
+async def pump(answers: Answers, rec: Recording, enc: Encoding, path: str = "/stream") -> None:
     job = rec.job
     assert job is not None, "a view has no job to pump"
     try:
-        async with Answer(answers, job, "/stream", early=Early.STOPPED) as answer:
+        async with Answer(answers, job, path, early=Early.STOPPED) as answer:
             async for piece in answer.pieces():
-                rec.add(json.dumps({"text": piece}), ids=piece.ids if isinstance(piece, Piece) else ())
+                enc.piece(rec, piece)
                 if not answers.naive:  # (the naive server generates every token for nobody)
                     await room(rec, job)
     except ProtocolError as e:
-        rec.add(json.dumps(error_body(e)), event="error", last=True)
+        enc.failed(rec, e)
     else:
         if not job.handed_off:
-            rec.add("[DONE]", last=True)
+            enc.done(rec, job.reason, job.prompt_tokens, answer.produced)
     finally:
         rec.end()
 

@@ -74,6 +74,7 @@ class Recording:
         self.grace: asyncio.TimerHandle | None = None  # stops generation when nobody came back
         self.read_to = 0  # events any reader has been sent: the furthest one's count
         self.moved = asyncio.Event()  # set (and replaced) whenever read_to grows
+        self.background = False  # goes on to its end with no reader (the Responses API's background mode)
 
     def add(self, data: str, event: str | None = None, ids: Iterable[int] = (), last: bool = False) -> None:
         self.append(sse.event(data, event=event, id=f"{self.id}.{len(self.events)}"), ids, last)
@@ -144,7 +145,7 @@ class Recording:
         if self.job is None:
             return
         self.job.orphaned = self.readers == 0  # the engine serves streams with a reader first
-        if self.readers == 0 and not self.ended and grace is not None:
+        if self.readers == 0 and not self.ended and grace is not None and not self.background:
             self.grace = asyncio.get_running_loop().call_later(grace, self.job.stop.set)
 
 

@@ -11,7 +11,6 @@ takeover.py).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +18,7 @@ from streaming.generation.backend import Backend
 from streaming.generation.job import Job
 from streaming.server.answer import Answers
 from streaming.server.resumable.control import Control
+from streaming.server.resumable.encodings import Article, Encoding, of_events
 from streaming.server.resumable.mirror import Mirror
 from streaming.server.resumable.pump import pump
 from streaming.server.resumable.recordings import Recording, Recordings, parse_event_id
@@ -36,7 +36,7 @@ class Replication:
         grace: float,
         recordings: Recordings,
         backend: Backend,
-        pump: Callable[[Recording], None],
+        pump: Callable[[Recording, Encoding], None],
         on_error: Callable[[], None] | None = None,
         on_takeover: Callable[[], None] | None = None,
     ) -> None:
@@ -72,17 +72,21 @@ class Streams:
             self.replication.control.start()
             self.replication.mirror.start()
 
-    def open(self, job: Job) -> Recording:
+    def open(self, job: Job, encoding: Callable[[str], Encoding] | None = None, path: str = "/stream") -> Recording:
+        """A new stream of `job`, recorded in GET /stream's format or `encoding(stream_id)`'s."""
         rec = self.recordings.create(job)
-        rec.add(json.dumps({"id": rec.id}), event="stream")  # event 0 names the stream, for /stop
+        enc = encoding(rec.id) if encoding is not None else Article()
+        enc.open(rec)
         if self.replication is not None:
             self.replication.mirror.own(rec)
-        self.pump(rec)
+        self.pump(rec, enc, path)
         return rec
 
-    def pump(self, rec: Recording) -> None:
-        """Start moving a recording's job into it, in a task that outlives its readers."""
-        self.answers.state.spawn(pump(self.answers, rec), name=f"pump {rec.id}")
+    def pump(self, rec: Recording, enc: Encoding | None = None, path: str = "/stream") -> None:
+        """Start moving a recording's job into it, in a task that outlives its readers (a stream
+        taken over goes on in the format its events so far are in)."""
+        enc = enc if enc is not None else of_events(rec)
+        self.answers.state.spawn(pump(self.answers, rec, enc, path), name=f"pump {rec.id}")
 
     def detach(self, rec: Recording, grace: float | None) -> None:
         """A reader of `rec` left: its grace period may begin (None: never stop it, --naive), and

@@ -27,6 +27,7 @@ from redis.exceptions import RedisError
 
 from streaming.generation.backend import Backend
 from streaming.generation.prompts import Prompt
+from streaming.server.resumable import encodings
 from streaming.server.resumable.control import Control
 from streaming.server.resumable.mirror import Mirror
 from streaming.server.resumable.recordings import Recording, Recordings, parse_event_id
@@ -44,7 +45,6 @@ from streaming.server.resumable.store import (
 )
 from streaming.wire.errors import ProtocolError, error_body
 from streaming.wire.params import GenerationParams
-from streaming.wire.sse import EventParser
 
 BLOCK_MS = int(RENEW * 1000)  # a watch's blocking read: it checks the lease and says "read" this often
 LOST = ProtocolError("the stream's generator is gone and the store lost its prompt", 503, 1011, "stream_lost")
@@ -83,7 +83,7 @@ class Takeover:
         mirror: Mirror,
         control: Control,
         backend: Backend,
-        pump: Callable[[Recording], None],
+        pump: Callable[[Recording, encodings.Encoding], None],
         on_takeover: Callable[[], None] | None = None,
     ) -> None:
         self.store, self.recordings, self.mirror, self.control = store, recordings, mirror, control
@@ -167,7 +167,8 @@ class Takeover:
             params = GenerationParams(**json.loads(meta[b"params"]))
             ids = [int(t) for t in meta[b"ids"].split()]
             prompt = Prompt.loads(meta[b"prompt"]) if self.backend.pool is not None else None
-            texts = [json.loads(ev.data)["text"] for e in rec.events[1:] for ev in EventParser().feed(e)]
+            texts = encodings.texts(rec)
+            enc = encodings.of_events(rec)
         except (ValueError, TypeError, KeyError, ProtocolError) as e:
             await r.delete(key("l", rec.id))
             print(f"stream {rec.id}: what the store holds of it cannot be read ({e!r})", flush=True)
@@ -183,7 +184,8 @@ class Takeover:
             flush=True,
         )
         if stopped or max(len(prior), len(texts)) >= params.max_tokens:  # nothing more to generate: only the end
-            self.end(rec, written, "[DONE]")
+            enc.done(rec, "stopped" if stopped else "length", len(ids), max(len(prior), len(texts)))
+            self.end(rec, written)
             return True
         try:
             if prompt is not None:  # an upstream continues the text so far
@@ -191,15 +193,16 @@ class Takeover:
             else:
                 job = self.backend.start(ids, params, prior)
         except ProtocolError as e:
-            self.end(rec, written, json.dumps(error_body(e)), "error")
+            enc.failed(rec, e)
+            self.end(rec, written)
             return True
         rec.adopt(job)
         self.mirror.own(rec, written)
-        self.pump(rec)
+        self.pump(rec, enc)
         return True
 
-    def end(self, rec: Recording, written: int, data: str, event: str | None = None) -> None:
-        """A stream taken over that has nothing more to generate: only its end, written here."""
-        rec.add(data, event=event, last=True)
+    def end(self, rec: Recording, written: int) -> None:
+        """A stream taken over that has nothing more to generate: its end (added by its
+        encoding), written here."""
         rec.end()
         self.mirror.own(rec, written)

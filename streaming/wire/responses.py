@@ -1,0 +1,260 @@
+"""OpenAI's Responses API on the wire (POST /v1/responses), stateless: the request check, the
+response object, and its stream of typed events.
+
+A request is `input` (a string, or a list of messages whose content is a string or input_text /
+output_text parts), with `instructions` as the system message, `max_output_tokens`,
+`temperature`, `top_p` and `stream`. The stream is the sequence the official SDKs parse, each
+event with its `sequence_number`:
+
+    response.created, response.in_progress, response.output_item.added,
+    response.content_part.added, response.output_text.delta ..., response.output_text.done,
+    response.content_part.done, response.output_item.done, then response.completed (usage
+    inside) or response.incomplete (max_output_tokens reached, or cancelled)
+
+and a failure after the head as `error` then `response.failed`. `ResponsesStream` makes those
+events as dicts; the server records them, one numbered SSE event each (event k has
+sequence_number k), which is what makes the stream resumable with Last-Event-ID or OpenAI's
+`starting_after`. Everything the stream needs to go on lives in its own events (event 0 carries
+the id, model and creation time), so a replica that takes a stream over rebuilds it from them
+(`ResponsesStream.resume`).
+
+Leaves out: stored responses (`previous_response_id`, `store` is accepted and ignored:
+nothing is kept past the stream's resume window), tools, structured output (`text.format`
+other than text), reasoning items, images and files, logprobs.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from typing import Any
+
+from streaming.wire import sse
+from streaming.wire.apis import ApiRequest, Finish, kind_of
+from streaming.wire.errors import InvalidRequest, ProtocolError
+from streaming.wire.params import MAX_SEED, MAX_TOKENS, GenerationParams, number, unicode
+
+ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
+TEXT_PARTS = ("input_text", "output_text", "text")  # a message's content parts that are text
+DEFAULT_MAX_OUTPUT = 256  # as /v1/chat/completions: a request without a bound gets a short answer
+
+
+def content_text(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return unicode(content, where)
+    if isinstance(content, list) and all(
+        isinstance(p, dict) and p.get("type") in TEXT_PARTS and isinstance(p.get("text"), str) for p in content
+    ):
+        return unicode("".join(p["text"] for p in content), where)
+    raise InvalidRequest(f"{where} must be a string or a list of input_text parts (only text is supported)", where)
+
+
+def input_messages(value: Any) -> list[dict[str, str]]:
+    """`input` as chat messages: a string is the user's message."""
+    if isinstance(value, str):
+        return [{"role": "user", "content": unicode(value, "input")}]
+    if not isinstance(value, list) or not value:
+        raise InvalidRequest("input must be a string or a non-empty list of messages", "input")
+    chat = []
+    for i, item in enumerate(value):
+        if not isinstance(item, dict) or item.get("type", "message") != "message":
+            kind = item.get("type") if isinstance(item, dict) else type(item).__name__
+            raise InvalidRequest(f"input[{i}]: only messages are supported, not {str(kind)[:40]!r}", f"input[{i}]")
+        role = ROLES.get(item.get("role"))  # type: ignore[arg-type]
+        if role is None:
+            raise InvalidRequest(f"input[{i}].role must be user, assistant, system or developer", f"input[{i}].role")
+        chat.append({"role": role, "content": content_text(item.get("content"), f"input[{i}].content")})
+    return chat
+
+
+class Responses:
+    name = "responses"
+
+    def error_body(self, err: ProtocolError) -> dict[str, Any]:
+        kind = kind_of(err.status, "server_error")
+        return {"error": {"message": err.message, "type": kind, "param": err.param, "code": err.code}}
+
+    def parse(self, body: dict[str, Any]) -> ApiRequest:
+        """A responses.create body, checked; raises InvalidRequest naming the param."""
+        if body.get("previous_response_id") is not None or body.get("conversation") is not None:
+            raise InvalidRequest(
+                "this server keeps no responses (stateless): send the whole conversation in input",
+                "previous_response_id" if body.get("previous_response_id") is not None else "conversation",
+            )
+        if body.get("tools"):
+            raise InvalidRequest("tools are not supported on /v1/responses", "tools")
+        fmt = (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else None
+        if isinstance(fmt, dict) and fmt.get("type") not in (None, "text"):
+            raise InvalidRequest("only text output is supported (text.format.type: text)", "text.format")
+        chat = input_messages(body.get("input"))
+        if body.get("instructions") is not None:
+            chat.insert(0, {"role": "system", "content": content_text(body["instructions"], "instructions")})
+        if not any(m["content"] for m in chat):
+            raise InvalidRequest("the input is empty", "input")
+        params = GenerationParams(
+            max_tokens=number(body, "max_output_tokens", DEFAULT_MAX_OUTPUT, 1, MAX_TOKENS, True, none_is_default=True),
+            seed=number(body, "seed", 0, 0, MAX_SEED, True, none_is_default=True),  # not OpenAI's; for tests
+            temperature=number(body, "temperature", 1.0, 0, 2, none_is_default=True),
+            top_p=number(body, "top_p", 1.0, 1e-6, 1, none_is_default=True),
+            ignore_eos=body.get("ignore_eos") is True,  # vLLM's extension, for measurements
+        )
+        stream, background = body.get("stream") is True, body.get("background") is True
+        if background and not stream:
+            raise InvalidRequest(
+                "background needs stream: true here (no response is stored to poll; "
+                "a streamed one is resumed with GET /v1/responses/{id}?stream=true&starting_after=N)",
+                "background",
+            )
+        return ApiRequest(chat, params, stream, stop=[], background=background)
+
+    def models(self, model_id: str) -> dict[str, Any]:
+        return {"id": model_id, "object": "model", "created": 0, "owned_by": "streaming-tokens"}
+
+    def finish(self, reason: str | None, matched: str | None) -> Finish:  # noqa: ARG002 - no stop strings here
+        """The response's status: max_output_tokens reached is incomplete; stopped (the cancel
+        endpoint, or nobody came back within the grace) is cancelled."""
+        return Finish({"length": "incomplete", "stopped": "cancelled"}.get(reason or "", "completed"))
+
+    def whole(self, model: str, text: str, finish: Finish, prompt_tokens: int, completion_tokens: int) -> Any:
+        s = ResponsesStream("resp_" + secrets.token_hex(12), model, int(time.time()))
+        s.text = text
+        item = "completed" if finish.reason == "completed" else "incomplete"
+        return s.response(finish.reason, s.message(item), use=usage(prompt_tokens, completion_tokens))
+
+    def stream(self, model: str, request: ApiRequest, prompt_tokens: int) -> ResponsesBytes:  # noqa: ARG002
+        """The events as bytes, unrecorded (the server records its streams instead: they resume)."""
+        return ResponsesBytes(ResponsesStream("resp_" + secrets.token_hex(12), model, int(time.time())), prompt_tokens)
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    return {
+        "input_tokens": prompt_tokens,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+class ResponsesStream:
+    """The events of one streamed response, as dicts, numbered from `seq`; `text` is the
+    answer so far (the done events repeat it whole)."""
+
+    def __init__(self, response_id: str, model: str, created_at: int, seq: int = 0) -> None:
+        self.id, self.model, self.created_at = response_id, model, created_at
+        self.item_id = "msg_" + response_id.removeprefix("resp_")
+        self.seq, self.text = seq, ""
+
+    @classmethod
+    def resume(cls, events: list[dict[str, Any]]) -> ResponsesStream:
+        """The stream again from its events so far (another replica wrote them): the next event
+        gets the next number, and the text is what their deltas said."""
+        first = events[0]["response"] if events and events[0].get("type") == "response.created" else None
+        if not isinstance(first, dict):
+            raise ValueError("a Responses stream begins with response.created")
+        s = cls(str(first["id"]), str(first["model"]), int(first["created_at"]), seq=len(events))
+        s.text = "".join(e["delta"] for e in events if e.get("type") == "response.output_text.delta")
+        return s
+
+    def event(self, kind: str, **fields: Any) -> dict[str, Any]:
+        value = {"type": kind, "sequence_number": self.seq, **fields}
+        self.seq += 1
+        return value
+
+    def response(self, status: str, *output: dict[str, Any], use: dict[str, Any] | None = None) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": status,
+            "background": None,
+            "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+            "instructions": None,
+            "model": self.model,
+            "output": list(output),
+            "parallel_tool_calls": False,
+            "tool_choice": "none",
+            "tools": [],
+            "usage": use,
+        }
+
+    def part(self) -> dict[str, Any]:
+        return {"type": "output_text", "text": self.text, "annotations": [], "logprobs": []}
+
+    def message(self, status: str) -> dict[str, Any]:
+        content = [self.part()] if status != "in_progress" else []
+        return {"id": self.item_id, "type": "message", "status": status, "role": "assistant", "content": content}
+
+    def where(self) -> dict[str, Any]:
+        return {"item_id": self.item_id, "output_index": 0, "content_index": 0}
+
+    def opening(self) -> list[dict[str, Any]]:
+        return [
+            self.event("response.created", response=self.response("in_progress")),
+            self.event("response.in_progress", response=self.response("in_progress")),
+            self.event("response.output_item.added", output_index=0, item=self.message("in_progress")),
+            self.event("response.content_part.added", **self.where(), part=self.part()),
+        ]
+
+    def delta(self, piece: str) -> dict[str, Any]:
+        self.text += piece
+        return self.event("response.output_text.delta", **self.where(), delta=piece, logprobs=[])
+
+    def closing(self, finish: Finish, prompt_tokens: int, completion_tokens: int) -> list[dict[str, Any]]:
+        """After the last delta: the done events, then response.completed, or response.incomplete
+        (its status incomplete, or cancelled: the API has no response.cancelled event)."""
+        status = finish.reason  # completed, incomplete or cancelled (Responses.finish)
+        last = "completed" if status == "completed" else "incomplete"
+        item = "completed" if status == "completed" else "incomplete"
+        return [
+            self.event("response.output_text.done", **self.where(), text=self.text, logprobs=[]),
+            self.event("response.content_part.done", **self.where(), part=self.part()),
+            self.event("response.output_item.done", output_index=0, item=self.message(item)),
+            self.event(
+                f"response.{last}",
+                response=self.response(status, self.message(item), use=usage(prompt_tokens, completion_tokens)),
+            ),
+        ]
+
+    def failure(self, message: str, code: str = "server_error") -> list[dict[str, Any]]:
+        """A failure after the head: an error event, then response.failed."""
+        failed = self.response("failed", self.message("incomplete"))
+        failed["error"] = {"code": code, "message": message}
+        return [
+            # ResponseErrorEvent's fields, and an `error` member: the SDKs raise on an error
+            # event that has one (as they do for Chat Completions), else they yield it quietly.
+            self.event("error", code=code, message=message, param=None, error={"type": code, "message": message}),
+            self.event("response.failed", response=failed),
+        ]
+
+
+def dumps(value: dict[str, Any]) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def encoded(events: list[dict[str, Any]]) -> bytes:
+    return b"".join(sse.event(dumps(value), event=value["type"]) for value in events)
+
+
+class ResponsesBytes:
+    """A ResponsesStream as apis.StreamEncoder: each event's SSE bytes, named by its type."""
+
+    def __init__(self, stream: ResponsesStream, prompt_tokens: int) -> None:
+        self.events, self.prompt_tokens = stream, prompt_tokens
+
+    def start(self) -> bytes:
+        return encoded(self.events.opening())
+
+    def text(self, piece: str) -> bytes:
+        return encoded([self.events.delta(piece)])
+
+    def keep_alive(self, note: str = "ping") -> bytes:
+        return sse.comment(note)
+
+    def end(self, finish: Finish, completion_tokens: int) -> bytes:
+        return encoded(self.events.closing(finish, self.prompt_tokens, completion_tokens))
+
+    def error(self, message: str) -> bytes:
+        return encoded(self.events.failure(message))
