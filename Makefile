@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 TORCH ?= $(if $(filter Linux-x86_64,$(shell uname -s)-$(shell uname -m)),torch==2.13.0,torch)
 MODEL ?= bundled
 
-.PHONY: setup test reproduce bench-detok bench-load bench-qoe bench-guidellm lint format clean
+.PHONY: setup node-deps test reproduce bench-detok bench-load bench-qoe bench-guidellm lint format clean
 
 setup: $(STAMP)
 
@@ -20,7 +20,18 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e ".[test,dev,plot]"
 	touch $@
 
-test: $(STAMP)
+# The Node clients of tests/test_node.py, pinned in tests/node/package-lock.json, into
+# tests/node/node_modules (npm's cache beside it, both gitignored). Without npm, or offline, it says
+# so and goes on: those tests are then skipped, saying why (.ci/run runs npm ci itself, to fail).
+NODE_DEPS := tests/node/node_modules/.package-lock.json
+node-deps: $(NODE_DEPS)
+
+$(NODE_DEPS): tests/node/package-lock.json
+	@command -v npm >/dev/null || { echo "no npm here: tests/test_node.py will be skipped"; exit 0; }; \
+	npm_config_cache=$(CURDIR)/tests/node/.npm-cache npm ci --prefix tests/node --no-audit --no-fund --loglevel=error || \
+	echo "npm ci failed: tests/test_node.py will be skipped"
+
+test: $(STAMP) $(NODE_DEPS)
 	PYTHONASYNCIODEBUG=1 $(BIN)/python -m pytest
 
 reproduce: $(STAMP)
@@ -69,4 +80,4 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) results .pytest_cache
+	rm -rf $(VENV) results .pytest_cache tests/node/node_modules tests/node/.npm-cache
