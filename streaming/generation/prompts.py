@@ -19,13 +19,34 @@ def encode_prompt(model: Model, prompt: str, params: GenerationParams) -> list[i
 
 
 def encode_chat(
-    model: Model, messages: list[dict[str, str]], params: GenerationParams, continue_final: bool = False
+    model: Model,
+    messages: list[dict[str, Any]],
+    params: GenerationParams,
+    continue_final: bool = False,
+    tools: list[dict[str, Any]] | None = None,
 ) -> list[int]:
     """Token ids of a conversation through the model's chat template, ready for the answer (or,
-    `continue_final`, going on with its last message, an assistant's)."""
+    `continue_final`, going on with its last message, an assistant's), with the tools offered."""
     how: dict[str, Any] = {"continue_final_message": True} if continue_final else {"add_generation_prompt": True}
-    text = model.tokenizer.apply_chat_template(messages, tokenize=False, **how)
+    if tools:
+        how["tools"] = tools
+    text = model.tokenizer.apply_chat_template(template_messages(messages), tokenize=False, **how)
     return check_context(model, model.tokenizer(text, add_special_tokens=False).input_ids, params)
+
+
+def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as the chat template takes them: a call's arguments as the object (the APIs carry
+    JSON text, which the template would print as a quoted string)."""
+    out = []
+    for m in messages:
+        if m.get("tool_calls"):
+            calls = [
+                {**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}}
+                for c in m["tool_calls"]
+            ]
+            m = {**m, "tool_calls": calls}
+        out.append(m)
+    return out
 
 
 @dataclass(frozen=True)
@@ -35,28 +56,32 @@ class Prompt:
     /v1/completions), not as a user's message."""
 
     text: str | None = None
-    messages: tuple[dict[str, str], ...] = ()
+    messages: tuple[dict[str, Any], ...] = ()
     continue_final: bool = False
     raw: bool = False
+    tools: tuple[dict[str, Any], ...] = ()  # the tools offered, as the chat template takes them
 
     def encode(self, model: Model, params: GenerationParams) -> list[int]:
         if self.messages:
-            return encode_chat(model, list(self.messages), params, self.continue_final)
+            return encode_chat(model, list(self.messages), params, self.continue_final, list(self.tools))
         assert self.text is not None
         return encode_prompt(model, self.text, params)
 
-    def chat(self) -> list[dict[str, str]]:
+    def chat(self) -> list[dict[str, Any]]:
         """As a conversation, for an upstream's Chat Completions: plain text is a user's message."""
         return list(self.messages) if self.messages else [{"role": "user", "content": self.text or ""}]
 
     def dumps(self) -> str:
         value = {"text": self.text, "messages": list(self.messages), "continue_final": self.continue_final}
-        return json.dumps(value | ({"raw": True} if self.raw else {}))
+        return json.dumps(
+            value | ({"raw": True} if self.raw else {}) | ({"tools": list(self.tools)} if self.tools else {})
+        )
 
     @classmethod
     def loads(cls, data: str | bytes) -> Prompt:
         value = json.loads(data)
-        return cls(value["text"], tuple(value["messages"]), value["continue_final"], value.get("raw") is True)
+        tools = tuple(value.get("tools") or ())
+        return cls(value["text"], tuple(value["messages"]), value["continue_final"], value.get("raw") is True, tools)
 
 
 def check_context(model: Model, ids: list[int], params: GenerationParams) -> list[int]:

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 DTYPES = ("bfloat16", "float16", "float32")
-NAMED = ("bundled", "tiny", "exact")  # the names that are not a hub id, folder or .gguf path
+NAMED = ("bundled", "tiny", "exact", "echo")  # the names that are not a hub id, folder or .gguf path
 QUANTIZE = ("none", "int8", "int4")  # quant.py
 KERNELS = ("measure", "linear")  # kernels.py
 
@@ -162,6 +162,6 @@ def check_model_name(name: str) -> None:
     if name in NAMED or Path(name).is_dir() or name.count("/") == 1:
         return
     raise ModelError(
-        f"unknown model {name!r}: choose bundled (the default), tiny, exact, a hub id such as "
+        f"unknown model {name!r}: choose bundled (the default), tiny, exact, echo, a hub id such as "
         "Qwen/Qwen2.5-1.5B-Instruct, a model folder, or a path to a .gguf file"
     )

@@ -23,7 +23,7 @@ from typing import Any
 
 from streaming.model import bundled, kernels, quant
 from streaming.model.choice import NAMED, Choice, ModelError, check_model_name
-from streaming.model.testing import ExactModel, tiny_model
+from streaming.model.testing import EchoModel, ExactModel, tiny_model
 
 log = logging.getLogger("streaming.model")
 
@@ -122,6 +122,8 @@ def load_net(choice: Choice, tokenizer: Any) -> Any:
         m = tiny_model(tokenizer)
     elif name == "exact":
         m = ExactModel(tokenizer)
+    elif name == "echo":
+        m = EchoModel(tokenizer)
     elif name == "bundled":
         folder = bundled.ensure_model(bundled.bundled_gguf, bundled.bundled_folder())
         m = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)

@@ -5,6 +5,9 @@
 - `ExactModel`: not a language model but a stand-in whose logits are an exact function of a
   row's own tokens (small integers, the same bits in every dtype and any batch): for the tests of
   batching plumbing, where equal texts must mean equal work.
+- `EchoModel` (`echo`): ExactModel, except that in a conversation it answers with the last user
+  message's tokens, then ends (<|im_end|>): a scripted answer, for the tests of what a real model
+  would write (tool calls in Qwen2.5's syntax, for one), through every engine and format.
 """
 
 from __future__ import annotations
@@ -82,4 +85,49 @@ class ExactModel(torch.nn.Module):
         for k, value in enumerate((4.0, 3.0, 2.0, 1.0)):
             candidates = self.FIRST + (h * (k + 3) + k * 104_729) % self.SPAN
             logits[torch.arange(b), 0, candidates] = value
+        self.script(logits, ids, attention_mask)
         return type("Output", (), {"logits": logits})()
+
+    def script(self, logits: torch.Tensor, ids: torch.Tensor, attention_mask: Any) -> None:
+        """Where a subclass may set a row's next token (EchoModel); ExactModel leaves them be."""
+
+
+class EchoModel(ExactModel):
+    """`echo`: after the chat template's `<|im_start|>assistant\n`, the next token is the next one
+    of the last user message (its tokens as the prompt has them), then <|im_end|>; anywhere else
+    (a plain-text prompt) it is ExactModel."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        super().__init__(tokenizer)
+        ids = lambda text: tokenizer(text, add_special_tokens=False).input_ids  # noqa: E731
+        self.user, self.assistant = ids("<|im_start|>user\n"), ids("<|im_start|>assistant\n")
+        self.end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+    def script(self, logits: torch.Tensor, ids: torch.Tensor, attention_mask: Any) -> None:
+        for r in range(ids.shape[0]):
+            row = ids[r]
+            if attention_mask is not None and attention_mask.shape[-1] == ids.shape[1]:
+                row = row[attention_mask[r].bool()]  # (padding out)
+            token = self.next_of(row.tolist())
+            if token is not None:
+                logits[r, 0, :] = float("-inf")
+                logits[r, 0, token] = 4.0
+
+    def next_of(self, row: list[int]) -> int | None:
+        """The scripted next token of a row, or None if the row is no conversation's answer."""
+        a = last(row, self.assistant)
+        u = last(row[: a if a is not None else 0], self.user)
+        if a is None or u is None:
+            return None
+        start = u + len(self.user)
+        script = row[start : start + row[start:].index(self.end)] if self.end in row[start:] else []
+        k = len(row) - (a + len(self.assistant))  # tokens of the answer so far
+        return script[k] if k < len(script) else self.end
+
+
+def last(row: list[int], seq: list[int]) -> int | None:
+    """Where the last occurrence of `seq` in `row` begins."""
+    for i in range(len(row) - len(seq), -1, -1):
+        if row[i : i + len(seq)] == seq:
+            return i
+    return None

@@ -43,7 +43,9 @@ async def create(ctx: Context, ex: Exchange) -> None:
         await whole(ctx, ex, fmt, api, job)
         return
     model = model_id(ctx)
-    rec = ctx.streams.open(job, lambda stream_id: ResponsesEvents.new(stream_id, model), path="/v1/responses")
+    rec = ctx.streams.open(
+        job, lambda stream_id: ResponsesEvents.new(stream_id, model, api.tools), path="/v1/responses"
+    )
     rec.background = api.background
     await follow(ctx, ex, rec, -1)
 

@@ -14,9 +14,9 @@ from streaming.server.answer import Answer, ping_note
 from streaming.server.context import Context
 from streaming.server.exchange import Exchange
 from streaming.wire import sse
+from streaming.wire.answers import AnswerStream
 from streaming.wire.apis import ApiRequest, Format
 from streaming.wire.errors import ProtocolError
-from streaming.wire.stops import StopMatcher
 
 
 def model_id(ctx: Context) -> str:
@@ -36,7 +36,8 @@ async def models(ctx: Context, ex: Exchange) -> None:
 def prompt_of(api: ApiRequest) -> Prompt:
     if api.text is not None:  # a text completion: the prompt as it is
         return Prompt(api.text, raw=True)
-    return Prompt(None, tuple(api.messages), api.continue_final)
+    tools = tuple(api.tools.specs) if api.tools is not None and api.tools.choice != "none" else ()
+    return Prompt(None, tuple(api.messages), api.continue_final, tools=tools)
 
 
 async def answer(ctx: Context, ex: Exchange) -> None:
@@ -49,29 +50,38 @@ async def answer(ctx: Context, ex: Exchange) -> None:
         await whole(ctx, ex, fmt, api, job)
 
 
+def id_prefix(fmt: Format) -> str:
+    return "toolu_" if fmt.name == "anthropic" else "call_"  # each API's call ids look like its own
+
+
 async def whole(ctx: Context, ex: Exchange, fmt: Format, api: ApiRequest, job: Job) -> None:
-    matcher, parts = StopMatcher(api.stop), []
+    out = AnswerStream(api.stop, api.tools, id_prefix=id_prefix(fmt))
     async with Answer(ctx.answers, job, ex.request.path, watch=ex.conn, whole=True) as answer:
         async for piece in answer.pieces():  # (a failure: a 500, or an upstream's 502/504, before any byte)
-            parts.append(matcher.push(piece))
-            if matcher.matched is not None:
+            out.push(piece)
+            if out.matched is not None:
                 job.stop.set()
                 break
-        parts.append(matcher.flush())
+        out.flush()
     if answer.left:
         return
-    finish = fmt.finish(job.reason, matcher.matched)
-    ex.respond_json(200, fmt.whole(model_id(ctx), "".join(parts), finish, job.prompt_tokens, answer.produced))
+    finish = fmt.finish(job.reason, out.matched, out.called)
+    value = fmt.whole(model_id(ctx), out.text, finish, job.prompt_tokens, answer.produced, out.calls)
+    ex.respond_json(200, value)
 
 
 async def stream(ctx: Context, ex: Exchange, fmt: Format, api: ApiRequest, job: Job) -> None:
     enc = fmt.stream(model_id(ctx), api, job.prompt_tokens)
+    out = AnswerStream(api.stop, api.tools, enc, id_prefix(fmt))  # stop strings and tool calls
 
     async def ending(err: ProtocolError) -> None:
         await ex.send(enc.error(err.message))
 
     async def deliver(piece: str) -> bool:
-        return await ex.send(enc.text(piece))
+        data = out.push(piece)
+        if out.matched is not None:
+            job.stop.set()  # (the pieces that still come are dropped)
+        return await ex.send(data) if data else True
 
     async def keep_alive() -> bool:
         return await ex.send(enc.keep_alive(ping_note(ctx.backend.position(job))))
@@ -79,8 +89,11 @@ async def stream(ctx: Context, ex: Exchange, fmt: Format, api: ApiRequest, job: 
     async with Answer(ctx.answers, job, ex.request.path, watch=ex.conn) as answer:
         ex.start_stream(sse.RESPONSE_FIELDS, ending)
         answer.left = not await ex.send(enc.start())
-        matched = await answer.relay(deliver, keep_alive, StopMatcher(api.stop)) if not answer.left else None
+        if not answer.left:
+            await answer.relay(deliver, keep_alive, merging=ctx.config.merging(api.stream_interval), outlet=ex)
+            if not answer.left and (rest := out.flush()):
+                answer.left = not await ex.send(rest)
     if not answer.left:
         enc.prompt_tokens = job.prompt_tokens  # again: an upstream's count arrives with its last chunk
         ex.end_stream()
-        await ex.send(enc.end(fmt.finish(job.reason, matched), answer.produced))
+        await ex.send(enc.end(fmt.finish(job.reason, out.matched, out.called), answer.produced))

@@ -6,21 +6,27 @@ for why an answer ended. The /v1/ handler drives any `Format` the same way, so a
 adding a module here. The shapes follow the public references, and the official SDKs are the
 judges in tests/test_apis.py.
 
-Leaves out: tools, images, logprobs, n > 1.
+Tool calls: a request's `tools` (tools.py), the calls read from the answer as it streams
+(toolcalls.py, answers.py), each format's own events for them. Leaves out: images, logprobs, n > 1.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol
 
 from streaming.wire.errors import InvalidRequest, ProtocolError
 from streaming.wire.params import GenerationParams
+from streaming.wire.tools import Tools
 
 MAX_STOPS = 4  # stop strings per request, as OpenAI allows
 
 
 class ApiRequest(NamedTuple):
-    messages: list[dict[str, str]]  # {"role", "content"}, for the model's chat template
+    # {"role", "content"}, for the model's chat template, in OpenAI's form: an assistant's may have
+    # "tool_calls" ([{"id", "type": "function", "function": {"name", "arguments": JSON text}}]),
+    # and a "tool" message answers one ("tool_call_id")
+    messages: list[dict[str, Any]]
     params: GenerationParams
     stream: bool
     stop: list[str]  # stop strings
@@ -29,6 +35,17 @@ class ApiRequest(NamedTuple):
     continue_final: bool = False  # vLLM's continue_final_message: go on with the last (assistant) message
     background: bool = False  # the Responses API's: the stream is resumable and outlives its reader
     text: str | None = None  # a text completion's prompt, as it is (then `messages` is empty)
+    tools: Tools | None = None  # the tools offered and the tool choice
+    stream_interval: int | None = None  # pieces per event, our extension (stream_options); None: the server's
+
+
+class Call(NamedTuple):
+    """A tool call the model made, as the answer's end sees it."""
+
+    id: str
+    name: str
+    arguments: str  # the JSON text of its arguments object ("{}" if the model wrote none)
+    complete: bool  # its arguments closed: a whole JSON object
 
 
 class Finish(NamedTuple):
@@ -43,6 +60,9 @@ class StreamEncoder(Protocol):
 
     def start(self) -> bytes: ...
     def text(self, piece: str) -> bytes: ...
+    def call_start(self, index: int, call_id: str, name: str) -> bytes: ...
+    def call_args(self, index: int, delta: str) -> bytes: ...
+    def call_end(self, index: int) -> bytes: ...
     def keep_alive(self, note: str = "ping") -> bytes: ...
     def end(self, finish: Finish, completion_tokens: int) -> bytes: ...
     def error(self, message: str) -> bytes: ...
@@ -54,8 +74,16 @@ class Format(Protocol):
     def error_body(self, err: ProtocolError) -> dict[str, Any]: ...
     def parse(self, body: dict[str, Any]) -> ApiRequest: ...
     def models(self, model_id: str) -> dict[str, Any]: ...
-    def finish(self, reason: str | None, matched: str | None) -> Finish: ...
-    def whole(self, model: str, text: str, finish: Finish, prompt_tokens: int, completion_tokens: int) -> Any: ...
+    def finish(self, reason: str | None, matched: str | None, called: bool = False) -> Finish: ...
+    def whole(
+        self,
+        model: str,
+        text: str,
+        finish: Finish,
+        prompt_tokens: int,
+        completion_tokens: int,
+        calls: Sequence[Call] = (),
+    ) -> Any: ...
     def stream(self, model: str, request: ApiRequest, prompt_tokens: int) -> StreamEncoder: ...
 
 

@@ -15,13 +15,14 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from streaming.wire import sse
-from streaming.wire.apis import ApiRequest, Finish, stops
+from streaming.wire.apis import ApiRequest, Call, Finish, stops
 from streaming.wire.errors import InvalidRequest, ProtocolError
 from streaming.wire.openai import OpenAI, usage
-from streaming.wire.params import MAX_SEED, MAX_TOKENS, GenerationParams, number, unicode
+from streaming.wire.params import MAX_SEED, MAX_TOKENS, GenerationParams, number, stream_interval, unicode
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for text completions (not chat's)
 UNSUPPORTED = ("suffix", "logprobs", "best_of", "logit_bias")  # refused when given, never ignored
@@ -74,16 +75,25 @@ class Completions:
             stream=body.get("stream") is True,
             stop=stops(body.get("stop"), "stop"),
             include_usage=options.get("include_usage") is True,
+            stream_interval=stream_interval(options, "stream_options."),  # our extension
             text=text,
         )
 
     def models(self, model_id: str) -> dict[str, Any]:
         return OpenAI().models(model_id)
 
-    def finish(self, reason: str | None, matched: str | None) -> Finish:
+    def finish(self, reason: str | None, matched: str | None, called: bool = False) -> Finish:  # noqa: ARG002
         return OpenAI().finish(reason, matched)
 
-    def whole(self, model: str, text: str, finish: Finish, prompt_tokens: int, completion_tokens: int) -> Any:
+    def whole(
+        self,
+        model: str,
+        text: str,
+        finish: Finish,
+        prompt_tokens: int,
+        completion_tokens: int,
+        calls: Sequence[Call] = (),  # noqa: ARG002 - a text completion offers no tools
+    ) -> Any:
         return {
             "id": "cmpl-" + secrets.token_hex(12),
             "object": "text_completion",
@@ -123,6 +133,16 @@ class CompletionsStream:
 
     def text(self, piece: str) -> bytes:
         return self.chunk([{"text": piece, "index": 0, "logprobs": None, "finish_reason": None}])
+
+    # A text completion offers no tools: its answer has no calls to send.
+    def call_start(self, index: int, call_id: str, name: str) -> bytes:  # noqa: ARG002
+        return b""
+
+    def call_args(self, index: int, delta: str) -> bytes:  # noqa: ARG002
+        return b""
+
+    def call_end(self, index: int) -> bytes:  # noqa: ARG002
+        return b""
 
     def keep_alive(self, note: str = "ping") -> bytes:
         return sse.comment(note)

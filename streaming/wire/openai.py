@@ -13,38 +13,78 @@ import json
 import secrets
 import string
 import time
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from streaming.wire import sse
-from streaming.wire.apis import ApiRequest, Finish, kind_of, stops
+from streaming.wire.apis import ApiRequest, Call, Finish, kind_of, stops
 from streaming.wire.errors import InvalidRequest, ProtocolError
-from streaming.wire.params import MAX_SEED, MAX_TOKENS, GenerationParams, number, unicode
+from streaming.wire.params import MAX_SEED, MAX_TOKENS, GenerationParams, number, stream_interval, unicode
+from streaming.wire.tools import call_arguments, openai_tools
 
 OBFUSCATION_ALPHABET = string.ascii_letters + string.digits
-ROLES = ("system", "developer", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
-def chat_of(messages: Any) -> list[dict[str, str]]:
+def content_of(content: Any, where: str) -> str:
+    if isinstance(content, list):  # content parts: text only
+        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+            raise InvalidRequest(f"{where}: only text parts are supported", where)
+        content = "".join(p["text"] for p in content)
+    if not isinstance(content, str):
+        raise InvalidRequest(f"{where} must be a string or text parts", where)
+    return unicode(content, where)
+
+
+def tool_calls_of(value: Any, where: str) -> list[dict[str, Any]]:
+    """An assistant message's tool_calls, in their canonical form (arguments as JSON text)."""
+    if not isinstance(value, list) or not value:
+        raise InvalidRequest(f"{where} must be a non-empty list", where)
+    calls = []
+    for k, call in enumerate(value):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise InvalidRequest(
+                f'{where}[{k}] must be {{"type": "function", "function": {{"name", "arguments"}}}}', f"{where}[{k}]"
+            )
+        arguments = call_arguments(function.get("arguments", "{}"), f"{where}[{k}].function.arguments")
+        call_id = call.get("id") if isinstance(call.get("id"), str) else f"call_{k}"
+        calls.append(
+            {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": function["name"], "arguments": json.dumps(arguments)},
+            }
+        )
+    return calls
+
+
+def chat_of(messages: Any) -> list[dict[str, Any]]:
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("messages must be a non-empty list", "messages")
-    chat = []
+    chat: list[dict[str, Any]] = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ROLES:
             raise InvalidRequest(
-                f"messages[{i}].role must be system, developer, user or assistant", f"messages[{i}].role"
+                f"messages[{i}].role must be system, developer, user, assistant or tool", f"messages[{i}].role"
             )
-        content = m.get("content")
-        if isinstance(content, list):  # content parts: text only
-            if not all(
-                isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
-            ):
-                raise InvalidRequest(f"messages[{i}].content: only text parts are supported", f"messages[{i}].content")
-            content = "".join(p["text"] for p in content)
-        if not isinstance(content, str):
-            raise InvalidRequest(f"messages[{i}].content must be a string or text parts", f"messages[{i}].content")
-        content = unicode(content, f"messages[{i}].content")
-        chat.append({"role": "system" if m["role"] == "developer" else m["role"], "content": content})
-    if not any(m["content"] for m in chat):
+        role = "system" if m["role"] == "developer" else m["role"]
+        if role == "assistant" and m.get("tool_calls") is not None:  # a turn that called tools
+            content = m.get("content")
+            text = content_of(content, f"messages[{i}].content") if content is not None else ""
+            chat.append(
+                {
+                    "role": role,
+                    "content": text,
+                    "tool_calls": tool_calls_of(m["tool_calls"], f"messages[{i}].tool_calls"),
+                }
+            )
+            continue
+        message: dict[str, Any] = {"role": role, "content": content_of(m.get("content"), f"messages[{i}].content")}
+        if role == "tool" and isinstance(m.get("tool_call_id"), str):
+            message["tool_call_id"] = m["tool_call_id"]
+        chat.append(message)
+    if not any(m["content"] or m.get("tool_calls") for m in chat):
         raise InvalidRequest("the messages are empty", "messages")
     return chat
 
@@ -80,16 +120,34 @@ class OpenAI:
             stop=stops(body.get("stop"), "stop"),
             include_usage=options.get("include_usage") is True,
             obfuscation=options.get("include_obfuscation", True) is not False,
+            stream_interval=stream_interval(options, "stream_options."),  # our extension
             continue_final=continue_final,
+            tools=openai_tools(body),
         )
 
     def models(self, model_id: str) -> dict[str, Any]:
         return {"id": model_id, "object": "model", "created": 0, "owned_by": "streaming-tokens"}
 
-    def finish(self, reason: str | None, matched: str | None) -> Finish:
-        return Finish("length" if reason == "length" and matched is None else "stop")
+    def finish(self, reason: str | None, matched: str | None, called: bool = False) -> Finish:
+        if reason == "length" and matched is None:
+            return Finish("length")
+        return Finish("tool_calls" if called and matched is None else "stop")
 
-    def whole(self, model: str, text: str, finish: Finish, prompt_tokens: int, completion_tokens: int) -> Any:
+    def whole(
+        self,
+        model: str,
+        text: str,
+        finish: Finish,
+        prompt_tokens: int,
+        completion_tokens: int,
+        calls: Sequence[Call] = (),
+    ) -> Any:
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if calls:
+            message["content"] = text or None
+            message["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls
+            ]
         return {
             "id": "chatcmpl-" + secrets.token_hex(12),
             "object": "chat.completion",
@@ -99,7 +157,7 @@ class OpenAI:
             "choices": [
                 {
                     "index": 0,
-                    "message": {"role": "assistant", "content": text},
+                    "message": message,
                     "logprobs": None,
                     "finish_reason": finish.reason,
                 }
@@ -153,6 +211,19 @@ class OpenAIStream:
 
     def text(self, piece: str) -> bytes:
         return self.chunk([{"index": 0, "delta": {"content": piece}, "logprobs": None, "finish_reason": None}])
+
+    def tool_delta(self, call: dict[str, Any]) -> bytes:
+        return self.chunk([{"index": 0, "delta": {"tool_calls": [call]}, "logprobs": None, "finish_reason": None}])
+
+    def call_start(self, index: int, call_id: str, name: str) -> bytes:
+        function = {"name": name, "arguments": ""}
+        return self.tool_delta({"index": index, "id": call_id, "type": "function", "function": function})
+
+    def call_args(self, index: int, delta: str) -> bytes:
+        return self.tool_delta({"index": index, "function": {"arguments": delta}})
+
+    def call_end(self, index: int) -> bytes:  # noqa: ARG002 - a call's end is the next call or the finish
+        return b""
 
     def keep_alive(self, note: str = "ping") -> bytes:
         return sse.comment(note)  # OpenAI's clients ignore comments

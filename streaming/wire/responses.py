@@ -18,8 +18,12 @@ sequence_number k), which is what makes the stream resumable with Last-Event-ID 
 the id, model and creation time), so a replica that takes a stream over rebuilds it from them
 (`ResponsesStream.resume`).
 
+Function tools: `tools` and `tool_choice` (tools.py), function_call and function_call_output
+input items, and calls in the answer as function_call output items (1, 2, ... after the message,
+item 0) with response.function_call_arguments.delta events.
+
 Leaves out: stored responses (`previous_response_id`, `store` is accepted and ignored:
-nothing is kept past the stream's resume window), tools, structured output (`text.format`
+nothing is kept past the stream's resume window), built-in tools, structured output (`text.format`
 other than text), reasoning items, images and files, logprobs.
 """
 
@@ -28,12 +32,14 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from streaming.wire import sse
-from streaming.wire.apis import ApiRequest, Finish, kind_of
+from streaming.wire.apis import ApiRequest, Call, Finish, kind_of
 from streaming.wire.errors import InvalidRequest, ProtocolError
 from streaming.wire.params import MAX_SEED, MAX_TOKENS, GenerationParams, number, unicode
+from streaming.wire.tools import Tools, call_arguments, openai_tools
 
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 TEXT_PARTS = ("input_text", "output_text", "text")  # a message's content parts that are text
@@ -50,22 +56,76 @@ def content_text(content: Any, where: str) -> str:
     raise InvalidRequest(f"{where} must be a string or a list of input_text parts (only text is supported)", where)
 
 
-def input_messages(value: Any) -> list[dict[str, str]]:
-    """`input` as chat messages: a string is the user's message."""
+def input_messages(value: Any) -> list[dict[str, Any]]:
+    """`input` as chat messages in OpenAI's form: a string is the user's message; function_call
+    items are the tool_calls of an assistant message, function_call_output items tool messages."""
     if isinstance(value, str):
         return [{"role": "user", "content": unicode(value, "input")}]
     if not isinstance(value, list) or not value:
         raise InvalidRequest("input must be a string or a non-empty list of messages", "input")
-    chat = []
+    chat: list[dict[str, Any]] = []
     for i, item in enumerate(value):
-        if not isinstance(item, dict) or item.get("type", "message") != "message":
-            kind = item.get("type") if isinstance(item, dict) else type(item).__name__
-            raise InvalidRequest(f"input[{i}]: only messages are supported, not {str(kind)[:40]!r}", f"input[{i}]")
-        role = ROLES.get(item.get("role"))  # type: ignore[arg-type]
+        kind = item.get("type", "message") if isinstance(item, dict) else type(item).__name__
+        if kind == "function_call" and isinstance(item.get("name"), str):
+            arguments = call_arguments(item.get("arguments", "{}"), f"input[{i}].arguments")
+            call = {"id": str(item.get("call_id", "")), "type": "function"}
+            call["function"] = {"name": item["name"], "arguments": json.dumps(arguments)}  # type: ignore[assignment]
+            if not chat or chat[-1]["role"] != "assistant":
+                chat.append({"role": "assistant", "content": ""})
+            chat[-1].setdefault("tool_calls", []).append(call)
+            continue
+        if kind == "function_call_output":
+            output = content_text(item.get("output", ""), f"input[{i}].output")
+            chat.append({"role": "tool", "content": output, "tool_call_id": str(item.get("call_id", ""))})
+            continue
+        if kind != "message":
+            raise InvalidRequest(
+                f"input[{i}]: only messages, function_call and function_call_output items are supported,"
+                f" not {str(kind)[:40]!r}",
+                f"input[{i}]",
+            )
+        role = ROLES.get(item.get("role"))
         if role is None:
             raise InvalidRequest(f"input[{i}].role must be user, assistant, system or developer", f"input[{i}].role")
         chat.append({"role": role, "content": content_text(item.get("content"), f"input[{i}].content")})
     return chat
+
+
+def tools_of(body: dict[str, Any]) -> Tools:
+    """The Responses API's function tools (flat: {"type": "function", "name", "parameters"}) and
+    tool_choice, read as Chat Completions' (tools.py)."""
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if isinstance(tools, list):
+        for i, t in enumerate(tools):
+            if not isinstance(t, dict) or t.get("type") != "function":
+                raise InvalidRequest(f"tools[{i}]: only function tools are supported", f"tools[{i}]")
+        keep = ("name", "description", "parameters")
+        tools = [{"type": "function", "function": {k: t[k] for k in keep if k in t}} for t in tools]
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        choice = {"type": "function", "function": {"name": choice.get("name")}}
+    return openai_tools(
+        {"tools": tools, "tool_choice": choice, "parallel_tool_calls": body.get("parallel_tool_calls", True)}
+    )
+
+
+def echo(tools: Tools | None) -> tuple[list[dict[str, Any]], Any]:
+    """The tools and tool_choice as a response object states them (flat function tools)."""
+    if tools is None or not tools.specs:
+        return [], "none"
+    flat = [{"type": "function", **spec["function"]} for spec in tools.specs]
+    choice: Any = {"type": "function", "name": tools.name} if tools.name else tools.choice
+    return flat, choice
+
+
+def function_call(call: Call | dict[str, Any], status: str) -> dict[str, Any]:
+    c = call if isinstance(call, dict) else {"call_id": call.id, "name": call.name, "arguments": call.arguments}
+    item_id = "fc_" + str(c["call_id"]).removeprefix("call_")
+    return {
+        "id": item_id,
+        "type": "function_call",
+        "status": status,
+        **{k: c[k] for k in ("call_id", "name", "arguments")},
+    }
 
 
 class Responses:
@@ -82,8 +142,6 @@ class Responses:
                 "this server keeps no responses (stateless): send the whole conversation in input",
                 "previous_response_id" if body.get("previous_response_id") is not None else "conversation",
             )
-        if body.get("tools"):
-            raise InvalidRequest("tools are not supported on /v1/responses", "tools")
         fmt = (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else None
         if isinstance(fmt, dict) and fmt.get("type") not in (None, "text"):
             raise InvalidRequest("only text output is supported (text.format.type: text)", "text.format")
@@ -106,21 +164,31 @@ class Responses:
                 "a streamed one is resumed with GET /v1/responses/{id}?stream=true&starting_after=N)",
                 "background",
             )
-        return ApiRequest(chat, params, stream, stop=[], background=background)
+        return ApiRequest(chat, params, stream, stop=[], background=background, tools=tools_of(body))
 
     def models(self, model_id: str) -> dict[str, Any]:
         return {"id": model_id, "object": "model", "created": 0, "owned_by": "streaming-tokens"}
 
-    def finish(self, reason: str | None, matched: str | None) -> Finish:  # noqa: ARG002 - no stop strings here
+    def finish(self, reason: str | None, matched: str | None, called: bool = False) -> Finish:  # noqa: ARG002
         """The response's status: max_output_tokens reached is incomplete; stopped (the cancel
         endpoint, or nobody came back within the grace) is cancelled."""
         return Finish({"length": "incomplete", "stopped": "cancelled"}.get(reason or "", "completed"))
 
-    def whole(self, model: str, text: str, finish: Finish, prompt_tokens: int, completion_tokens: int) -> Any:
+    def whole(
+        self,
+        model: str,
+        text: str,
+        finish: Finish,
+        prompt_tokens: int,
+        completion_tokens: int,
+        calls: Sequence[Call] = (),
+    ) -> Any:
         s = ResponsesStream("resp_" + secrets.token_hex(12), model, int(time.time()))
         s.text = text
         item = "completed" if finish.reason == "completed" else "incomplete"
-        return s.response(finish.reason, s.message(item), use=usage(prompt_tokens, completion_tokens))
+        output = [s.message(item)] if text or not calls else []
+        output += [function_call(c, "completed" if c.complete else "incomplete") for c in calls]
+        return s.response(finish.reason, *output, use=usage(prompt_tokens, completion_tokens))
 
     def stream(self, model: str, request: ApiRequest, prompt_tokens: int) -> ResponsesBytes:  # noqa: ARG002
         """The events as bytes, unrecorded (the server records its streams instead: they resume)."""
@@ -145,6 +213,9 @@ class ResponsesStream:
         self.id, self.model, self.created_at = response_id, model, created_at
         self.item_id = "msg_" + response_id.removeprefix("resp_")
         self.seq, self.text = seq, ""
+        self.calls: list[dict[str, Any]] = []  # function_call items: call_id, name, arguments so far
+        self.tools: list[dict[str, Any]] = []  # the function tools offered, echoed in the response
+        self.tool_choice: Any = "none"
 
     @classmethod
     def resume(cls, events: list[dict[str, Any]]) -> ResponsesStream:
@@ -154,7 +225,13 @@ class ResponsesStream:
         if not isinstance(first, dict):
             raise ValueError("a Responses stream begins with response.created")
         s = cls(str(first["id"]), str(first["model"]), int(first["created_at"]), seq=len(events))
+        s.tools, s.tool_choice = list(first.get("tools") or []), first.get("tool_choice", "none")
         s.text = "".join(e["delta"] for e in events if e.get("type") == "response.output_text.delta")
+        for e in events:
+            if e.get("type") == "response.output_item.added" and e["item"].get("type") == "function_call":
+                s.calls.append({k: e["item"][k] for k in ("call_id", "name")} | {"arguments": ""})
+            elif e.get("type") == "response.function_call_arguments.delta":
+                s.calls[e["output_index"] - 1]["arguments"] += e["delta"]
         return s
 
     def event(self, kind: str, **fields: Any) -> dict[str, Any]:
@@ -175,8 +252,8 @@ class ResponsesStream:
             "model": self.model,
             "output": list(output),
             "parallel_tool_calls": False,
-            "tool_choice": "none",
-            "tools": [],
+            "tool_choice": self.tool_choice,
+            "tools": self.tools,
             "usage": use,
         }
 
@@ -202,6 +279,34 @@ class ResponsesStream:
         self.text += piece
         return self.event("response.output_text.delta", **self.where(), delta=piece, logprobs=[])
 
+    # A call is output item 1 + its index (the message is item 0, opened first).
+    def call_start(self, index: int, call_id: str, name: str) -> list[dict[str, Any]]:
+        self.calls.append({"call_id": call_id, "name": name, "arguments": ""})
+        item = function_call(self.calls[index], "in_progress")
+        return [self.event("response.output_item.added", output_index=1 + index, item=item)]
+
+    def call_args(self, index: int, delta: str) -> list[dict[str, Any]]:
+        self.calls[index]["arguments"] += delta
+        item_id = function_call(self.calls[index], "")["id"]
+        return [
+            self.event("response.function_call_arguments.delta", item_id=item_id, output_index=1 + index, delta=delta)
+        ]
+
+    def call_end(self, index: int) -> list[dict[str, Any]]:
+        call = self.calls[index]
+        call["arguments"] = call["arguments"] or "{}"
+        item = function_call(call, "completed")
+        return [
+            self.event(
+                "response.function_call_arguments.done",
+                item_id=item["id"],
+                output_index=1 + index,
+                name=call["name"],
+                arguments=call["arguments"],
+            ),
+            self.event("response.output_item.done", output_index=1 + index, item=item),
+        ]
+
     def closing(self, finish: Finish, prompt_tokens: int, completion_tokens: int) -> list[dict[str, Any]]:
         """After the last delta: the done events, then response.completed, or response.incomplete
         (its status incomplete, or cancelled: the API has no response.cancelled event)."""
@@ -214,7 +319,12 @@ class ResponsesStream:
             self.event("response.output_item.done", output_index=0, item=self.message(item)),
             self.event(
                 f"response.{last}",
-                response=self.response(status, self.message(item), use=usage(prompt_tokens, completion_tokens)),
+                response=self.response(
+                    status,
+                    self.message(item),
+                    *(function_call(c, "completed") for c in self.calls),
+                    use=usage(prompt_tokens, completion_tokens),
+                ),
             ),
         ]
 
@@ -249,6 +359,15 @@ class ResponsesBytes:
 
     def text(self, piece: str) -> bytes:
         return encoded([self.events.delta(piece)])
+
+    def call_start(self, index: int, call_id: str, name: str) -> bytes:
+        return encoded(self.events.call_start(index, call_id, name))
+
+    def call_args(self, index: int, delta: str) -> bytes:
+        return encoded(self.events.call_args(index, delta))
+
+    def call_end(self, index: int) -> bytes:
+        return encoded(self.events.call_end(index))
 
     def keep_alive(self, note: str = "ping") -> bytes:
         return sse.comment(note)

@@ -11,21 +11,24 @@ says which events a stream's opening, each piece of text, its end and its failur
   response.failed).
 
 A replica that takes a stream over (takeover.py) knows its format from event 0 and rebuilds its
-encoding from the events so far (`of_events`): the Responses stream's numbering and its text
-go on where they were.
+encoding from the events so far (`of_events`): the Responses stream's numbering, its text, its
+calls and its tool-call reader go on where they were.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from typing import Protocol
+from typing import Any, Protocol
 
 from streaming.generation.job import Piece
 from streaming.server.resumable.recordings import Recording
+from streaming.wire.answers import AnswerStream
+from streaming.wire.apis import Finish
 from streaming.wire.errors import ProtocolError, error_body
-from streaming.wire.responses import Responses, ResponsesStream, dumps
+from streaming.wire.responses import Responses, ResponsesStream, dumps, echo
 from streaming.wire.sse import EventParser
+from streaming.wire.tools import Tools
 
 
 class Encoding(Protocol):
@@ -54,32 +57,81 @@ class Article:
 
 
 class ResponsesEvents:
-    def __init__(self, stream: ResponsesStream) -> None:
-        self.stream = stream
+    """A Responses stream into a recording, its tool calls read as they stream (answers.py):
+    each piece's token ids go with the next event it leads to (a piece the reader holds gives
+    none yet), so a taker finds exactly the tokens whose text the events say."""
+
+    def __init__(self, stream: ResponsesStream, calling: bool = False) -> None:
+        self.stream, self.rec = stream, Recording("", None)
+        self.out = AnswerStream([], enc=Sink(self), calling=calling)
+        self.ids: list[int] = []  # of the pieces not yet in an event
 
     @classmethod
-    def new(cls, stream_id: str, model: str) -> ResponsesEvents:
-        return cls(ResponsesStream("resp_" + stream_id, model, int(time.time())))
+    def new(cls, stream_id: str, model: str, tools: Tools | None = None) -> ResponsesEvents:
+        s = ResponsesStream("resp_" + stream_id, model, int(time.time()))
+        s.tools, s.tool_choice = echo(tools)
+        return cls(s, calling=bool(s.tools) and tools is not None and tools.choice != "none")
 
-    def add(
-        self, rec: Recording, events: list[dict[str, object]], ids: tuple[int, ...] = (), last: bool = False
-    ) -> None:
+    def add(self, events: list[dict[str, Any]], last: bool = False) -> None:
         for i, value in enumerate(events):
-            rec.add(dumps(value), event=str(value["type"]), ids=ids, last=last and i == len(events) - 1)
+            ids, self.ids = tuple(self.ids), []
+            self.rec.add(dumps(value), event=str(value["type"]), ids=ids, last=last and i == len(events) - 1)
 
     def open(self, rec: Recording) -> None:
-        self.stream.seq = len(rec.events)
-        self.add(rec, self.stream.opening())
+        self.rec, self.stream.seq = rec, len(rec.events)
+        self.add(self.stream.opening())
 
     def piece(self, rec: Recording, piece: str) -> None:
-        self.add(rec, [self.stream.delta(piece)], ids_of(piece))
+        self.rec = rec
+        self.ids += ids_of(piece)
+        self.out.push(piece)
 
     def done(self, rec: Recording, reason: str | None, prompt_tokens: int, completion_tokens: int) -> None:
+        self.rec = rec
+        self.out.flush()
         finish = Responses().finish(reason, None)
-        self.add(rec, self.stream.closing(finish, prompt_tokens, completion_tokens), last=True)
+        self.add(self.stream.closing(finish, prompt_tokens, completion_tokens), last=True)
 
     def failed(self, rec: Recording, err: ProtocolError) -> None:
-        self.add(rec, self.stream.failure(err.message), last=True)
+        self.rec = rec
+        self.add(self.stream.failure(err.message), last=True)
+
+
+class Sink:
+    """AnswerStream's encoder for ResponsesEvents: each event into the recording (no bytes are
+    sent from here: the readers follow the recording)."""
+
+    def __init__(self, owner: ResponsesEvents) -> None:
+        self.owner, self.prompt_tokens = owner, 0
+
+    def text(self, piece: str) -> bytes:
+        self.owner.add([self.owner.stream.delta(piece)])
+        return b""
+
+    def call_start(self, index: int, call_id: str, name: str) -> bytes:
+        self.owner.add(self.owner.stream.call_start(index, call_id, name))
+        return b""
+
+    def call_args(self, index: int, delta: str) -> bytes:
+        self.owner.add(self.owner.stream.call_args(index, delta))
+        return b""
+
+    def call_end(self, index: int) -> bytes:
+        self.owner.add(self.owner.stream.call_end(index))
+        return b""
+
+    # (the rest of StreamEncoder: the recording's opening and end are ResponsesEvents')
+    def start(self) -> bytes:
+        return b""
+
+    def keep_alive(self, note: str = "ping") -> bytes:  # noqa: ARG002
+        return b""
+
+    def end(self, finish: Finish, completion_tokens: int) -> bytes:  # noqa: ARG002
+        return b""
+
+    def error(self, message: str) -> bytes:  # noqa: ARG002
+        return b""
 
 
 def parsed(rec: Recording) -> list[tuple[str, str]]:
@@ -87,13 +139,21 @@ def parsed(rec: Recording) -> list[tuple[str, str]]:
     return [(ev.event, ev.data) for raw in rec.events for ev in EventParser().feed(raw)]
 
 
-def of_events(rec: Recording) -> Article | ResponsesEvents:
+def of_events(rec: Recording, answer_text: str = "") -> Article | ResponsesEvents:
     """The encoding a recording was written in, from its event 0, going on from its events so
-    far. Raises ValueError (or KeyError) if they cannot be read."""
+    far; `answer_text`, what the model wrote so far (its tokens decoded), puts a Responses
+    stream's tool-call reader where the dead generator's was. Raises ValueError (or KeyError)
+    if they cannot be read."""
     events = parsed(rec)
-    if events and events[0][0] == "response.created":
-        return ResponsesEvents(ResponsesStream.resume([json.loads(data) for _, data in events]))
-    return Article()
+    if not events or events[0][0] != "response.created":
+        return Article()
+    stream = ResponsesStream.resume([json.loads(data) for _, data in events])
+    enc = ResponsesEvents(stream, calling=bool(stream.tools) and stream.tool_choice != "none")
+    if enc.out.parser is not None and answer_text:
+        replay = AnswerStream([], calling=True)  # the same reader fed the same text: the same state
+        replay.push(answer_text)
+        enc.out.parser, enc.out.calls, enc.out.args = replay.parser, replay.calls, replay.args
+    return enc
 
 
 def texts(rec: Recording) -> list[str]:

@@ -168,7 +168,9 @@ class Takeover:
             ids = [int(t) for t in meta[b"ids"].split()]
             prompt = Prompt.loads(meta[b"prompt"]) if self.backend.pool is not None else None
             texts = encodings.texts(rec)
-            enc = encodings.of_events(rec)
+            model = self.backend.model  # what the model wrote so far, tool-call tags and all
+            so_far = model.tokenizer.decode(rec.answer, skip_special_tokens=True) if model is not None else ""
+            enc = encodings.of_events(rec, so_far)
         except (ValueError, TypeError, KeyError, ProtocolError) as e:
             await r.delete(key("l", rec.id))
             print(f"stream {rec.id}: what the store holds of it cannot be read ({e!r})", flush=True)
