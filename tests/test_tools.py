@@ -199,3 +199,30 @@ def test_bad_tools_are_a_400_naming_the_param(servers, path, body, param):
         an(servers["echo"].port).messages.create(
             model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}], tools=[{"name": "x"}]
         )
+
+
+@pytest.fixture(scope="module")
+def front(servers):
+    """--engine upstream in front of the echo server: its calls arrive as tool_calls deltas."""
+    from helpers import ServerProcess
+
+    upstream = f"http://127.0.0.1:{servers['echo'].port}/v1"
+    with ServerProcess("--engine", "upstream", "--upstream", upstream) as s:
+        yield s.wait()
+
+
+def test_an_upstreams_calls_are_relayed_in_the_readers_format(front):
+    messages = [{"role": "user", "content": TWO}]
+    with an(front.port).messages.stream(model="m", max_tokens=120, messages=messages, tools=ANTHROPIC_TOOLS) as s:
+        final = s.get_final_message()
+    assert final.stop_reason == "tool_use"
+    assert [b.input for b in final.content if b.type == "tool_use"] == [{"city": "Paris"}, {"city": "Rome"}]
+    r = oa(front.port).chat.completions.create(model="m", messages=messages, tools=TOOLS, max_tokens=120)
+    assert [json.loads(c.function.arguments) for c in r.choices[0].message.tool_calls] == [
+        {"city": "Paris"},
+        {"city": "Rome"},
+    ]
+    assert r.choices[0].message.content == "Both.\n" and r.choices[0].finish_reason == "tool_calls"
+    with oa(front.port).responses.stream(model="m", input=SAY, tools=RESPONSES_TOOLS, max_output_tokens=80) as s:
+        out = s.get_final_response().output
+    assert [o.type for o in out] == ["message", "function_call"] and json.loads(out[1].arguments) == {"city": "Paris"}

@@ -251,6 +251,13 @@ class Chunk(NamedTuple):
     usage: dict[str, Any] | None = None  # the usage chunk's counts (stream_options.include_usage)
     error: str | None = None  # an error event's message: the answer failed mid-stream
     alive: bool = False  # a choice's delta carries something (text, reasoning, a tool call): not a ping
+    calls: tuple[CallDelta, ...] = ()  # its tool_calls deltas
+
+
+class CallDelta(NamedTuple):
+    at: int  # the call's index
+    name: str | None  # set on a call's first delta
+    arguments: str  # the next characters of its arguments' JSON text
 
 
 def read_chunk(data: str) -> Chunk:
@@ -265,7 +272,7 @@ def read_chunk(data: str) -> Chunk:
     if "error" in value:
         err = value["error"]
         return Chunk("", error=str(err.get("message", err) if isinstance(err, dict) else err))
-    texts, finish, alive = [], None, False
+    texts, finish, alive, calls = [], None, False, []
     for choice in value.get("choices") or []:
         if not isinstance(choice, dict):
             continue
@@ -275,6 +282,19 @@ def read_chunk(data: str) -> Chunk:
             texts.append(text)
         if isinstance(delta, dict) and any(v for k, v in delta.items() if k != "role"):
             alive = True
+        if isinstance(delta, dict) and isinstance(delta.get("tool_calls"), list):
+            calls += [c for c in map(call_delta, delta["tool_calls"]) if c is not None]
         finish = choice.get("finish_reason") or finish
     usage = value.get("usage")
-    return Chunk("".join(texts), finish, usage if isinstance(usage, dict) else None, alive=alive)
+    return Chunk("".join(texts), finish, usage if isinstance(usage, dict) else None, alive=alive, calls=tuple(calls))
+
+
+def call_delta(value: Any) -> CallDelta | None:
+    """One entry of a delta's tool_calls; None for one that is not a function call's."""
+    function = value.get("function") if isinstance(value, dict) else None
+    if not isinstance(function, dict) or not isinstance(value.get("index", 0), int):
+        return None
+    name, arguments = function.get("name"), function.get("arguments")
+    return CallDelta(
+        value.get("index", 0), name if isinstance(name, str) else None, arguments if isinstance(arguments, str) else ""
+    )

@@ -6,7 +6,9 @@ are this server's, whatever engine is behind it.
 Each request becomes a streaming Chat Completions request (`stream: true`, usage included) to an
 upstream the pool chooses (pool.py), over the project's HTTP client (streaming/http_client.py);
 each chunk is read by the wire layer's `openai.read_chunk`, and each `delta.content` becomes a
-piece of the job. A text completion (/v1/completions, a `raw` prompt) goes to the upstream's
+piece of the job. Its tool_calls deltas become the text a Qwen model writes for a call
+(`<tool_call>{"name": ..., "arguments": ...}</tool_call>`), which the reader's format reads back
+as calls like a local model's. A text completion (/v1/completions, a `raw` prompt) goes to the upstream's
 /v1/completions instead, its chunks' `text` the pieces. Whatever API the reader speaks (Chat
 Completions, Messages, Responses), the upstream is asked in one of these two.
 
@@ -38,8 +40,9 @@ from streaming import http_client
 from streaming.generation.job import Item, Job, Piece, StopFlag
 from streaming.generation.upstream.pool import Pool, Upstream, UpstreamError, connect, refusal, request_bytes
 from streaming.wire.errors import ProtocolError
-from streaming.wire.openai import read_chunk
+from streaming.wire.openai import Chunk, read_chunk
 from streaming.wire.sse import EventParser
+from streaming.wire.toolcalls import CALL_CLOSE, CALL_OPEN
 
 ERROR_BODY = 64 * 1024  # bytes of an upstream's error answer read for its message
 # Pieces relayed ahead of the reader: past them the relay stops reading the upstream until the
@@ -76,6 +79,8 @@ class UpstreamJob(Job):
         self.pool, self.messages, self.so_far = pool, messages, so_far
         self.produced = self.prior_pieces = pieces  # an answer continued: the pieces sent count as its tokens
         self.usage_tokens: int | None = None
+        self.open_call: int | None = None  # the index of the upstream's tool call being relayed
+        self.call_args = False  # its arguments have begun
         self.chars = len(so_far)  # the answer's characters so far, against MAX_CHARS_PER_TOKEN
         self.room = asyncio.Event()  # set when the reader has taken pieces (backpressure)
         self.deadline = 0.0  # time.monotonic() by which the upstream must send text
@@ -113,6 +118,8 @@ class UpstreamJob(Job):
         }
         if p.ignore_eos:
             body["ignore_eos"] = True  # vLLM's extension, and this server's
+        if self.prompt is not None and self.prompt.tools:
+            body["tools"] = list(self.prompt.tools)  # (the calls come back as tool_calls deltas)
         if self.raw:  # a text completion: the prompt (and the answer so far) as it is
             del body["messages"]
             body["prompt"] = (self.prompt.text or "") + self.so_far if self.prompt is not None else self.so_far
@@ -244,17 +251,41 @@ class UpstreamJob(Job):
             self.usage(chunk.usage, u)
         if chunk.alive:  # text, or what comes before it (reasoning, a tool call): the upstream works
             self.deadline = time.monotonic() + self.pool.silence
-        if chunk.text:
+        text = (self.close_call() if chunk.text else "") + chunk.text + self.calls_as_text(chunk)  # (text ends a call)
+        if text:
             limit = self.params.max_tokens
-            self.chars += len(chunk.text)
+            self.chars += len(text)
             if self.produced >= limit or self.chars > limit * MAX_CHARS_PER_TOKEN:
                 print(f"upstream {u.url} sent more than max_tokens {limit} allows: the answer ends here", flush=True)
                 return "cut"
             self.produced += 1
-            self.out.put_nowait(Piece.of(chunk.text, []))
+            self.out.put_nowait(Piece.of(text, []))
         if chunk.finish:
+            if self.open_call is not None:  # the last call ends with the answer
+                self.out.put_nowait(Piece.of(self.close_call(), []))
             return "length" if chunk.finish == "length" else "eos"
         return None
+
+    def calls_as_text(self, chunk: Chunk) -> str:
+        """An upstream's tool_calls deltas as the text a Qwen model writes for them, which the
+        reader's format reads back as calls (wire/answers.py): one reader of calls, whatever
+        the engine."""
+        out = []
+        for c in chunk.calls:
+            if c.name is not None and c.at != self.open_call:  # a new call (closing the one before)
+                out.append(self.close_call() + f'{CALL_OPEN}\n{{"name": {json.dumps(c.name)}, "arguments": ')
+                self.open_call, self.call_args = c.at, False
+            if c.arguments and self.open_call is not None:
+                out.append(c.arguments)
+                self.call_args = True
+        return "".join(out)
+
+    def close_call(self) -> str:
+        if self.open_call is None:
+            return ""
+        rest = "" if self.call_args else "{}"
+        self.open_call = None
+        return f"{rest}}}\n{CALL_CLOSE}"
 
     def usage(self, usage: dict[str, Any], u: Upstream) -> None:
         """An upstream's counts, where they are counts (a token count is a whole number >= 0);
