@@ -243,3 +243,47 @@ def test_a_stream_relayed_from_an_upstream_survives_its_replica_being_killed():
     assert r.ended == "done" and r.connections >= 2 and not r.lost and not r.repeated
     assert r.text == uninterrupted.text
     assert survivor and "taken over after" in survivor[0] and len(continued) == 3  # whole, killed, continued
+
+
+def responses_events(port, method, path, body=None, headers=(), upto=None):
+    """A Responses stream's events as JSON, the connection closed after `upto` of them."""
+    import httpx
+
+    got = []
+    with httpx.stream(method, f"http://127.0.0.1:{port}{path}", json=body, headers=dict(headers), timeout=60) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("id: "):
+                last = line[4:]
+            if line.startswith("data: "):
+                got.append((last, json.loads(line[6:])))
+                if upto is not None and len(got) >= upto:
+                    break
+    return got
+
+
+def test_a_responses_stream_survives_its_replica_sigkilled_and_resumes_on_the_other():
+    """POST /v1/responses on replica 0, 15 events read, replica 0 SIGKILLed; the reader asks
+    replica 1 for the rest with Last-Event-ID: it takes the stream over, and the events go on
+    numbered from where they were, with the same text as an uninterrupted answer."""
+    body = {"input": "Tell me about tides.", "max_output_tokens": 60, "stream": True, "ignore_eos": True}
+    with Cluster(2, ARGS, model="exact") as c:
+        whole = responses_events(c.ports[1], "POST", "/v1/responses", body)
+        first = responses_events(c.ports[0], "POST", "/v1/responses", body, upto=15)
+        response_id = first[0][1]["response"]["id"]
+        assert when(lambda: c.generator_of(response_id.removeprefix("resp_")) == 0, 10)
+        c.kill(0)
+        path = f"/v1/responses/{response_id}?stream=true"
+        rest = responses_events(c.ports[1], "GET", path, headers=[("Last-Event-ID", first[-1][0])])
+        got = [e for _, e in first + rest]
+        assert [e["sequence_number"] for e in got] == list(range(len(got)))  # none lost, none twice
+        assert got[-1]["type"] == "response.incomplete" and got[-1]["response"]["usage"]["output_tokens"] == 60
+
+        def text(evs):
+            return "".join(e.get("delta", "") for e in evs if e["type"] == "response.output_text.delta")
+
+        assert text(got) == text([e for _, e in whole]) == got[-1]["response"]["output"][0]["content"][0]["text"]
+        assert any("taken over" in line for line in c.lines(1))
+        # and OpenAI's way, starting_after, on the survivor: the rest once more
+        again = responses_events(c.ports[1], "GET", f"{path}&starting_after=20")
+        assert [e["sequence_number"] for _, e in again] == list(range(21, len(got)))
