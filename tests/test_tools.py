@@ -226,3 +226,36 @@ def test_an_upstreams_calls_are_relayed_in_the_readers_format(front):
     with oa(front.port).responses.stream(model="m", input=SAY, tools=RESPONSES_TOOLS, max_output_tokens=80) as s:
         out = s.get_final_response().output
     assert [o.type for o in out] == ["message", "function_call"] and json.loads(out[1].arguments) == {"city": "Paris"}
+
+
+def test_a_required_call_is_held_by_a_prefill_that_the_reader_continues():
+    """tool_choice required (or a named tool): the answer begins with a call's opening, which the
+    model continues; the reader is fed it first, so what the model writes reads as the call."""
+    from streaming.wire.answers import AnswerStream, prefill
+    from streaming.wire.tools import openai_tools
+
+    named = openai_tools({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})
+    start = prefill(named.choice, named.name)
+    assert start == '<tool_call>\n{"name": "get_weather", "arguments": '
+    out = AnswerStream([], named, prefill=start)
+    for piece in ['{"ci', 'ty": "Rome"}', "}\n</tool", "_call>"]:  # what the model writes after it
+        out.push(piece)
+    out.flush()
+    assert out.text == "" and [(c.name, json.loads(c.arguments)) for c in out.calls] == [
+        ("get_weather", {"city": "Rome"})
+    ]
+    assert prefill("required") == "<tool_call>\n" and prefill("auto") == ""
+
+
+def test_tool_choice_required_through_the_server(servers):
+    """The echo model continues the prefill with the rest of the user's message: the call."""
+    r = oa(servers["echo"].port).chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": call("Oslo")}],
+        tools=TOOLS,
+        tool_choice="required",
+        max_tokens=80,
+    )
+    (c,) = r.choices[0].message.tool_calls
+    assert json.loads(c.function.arguments) == {"city": "Oslo"} and r.choices[0].finish_reason == "tool_calls"
+    assert r.usage.completion_tokens < len(call("Oslo"))  # (the prefill's tokens are the prompt's)

@@ -60,10 +60,16 @@ class Prompt:
     continue_final: bool = False
     raw: bool = False
     tools: tuple[dict[str, Any], ...] = ()  # the tools offered, as the chat template takes them
+    prefill: str = ""  # the answer's beginning, which the model continues (a required tool call's opening)
 
     def encode(self, model: Model, params: GenerationParams) -> list[int]:
         if self.messages:
-            return encode_chat(model, list(self.messages), params, self.continue_final, list(self.tools))
+            ids = encode_chat(model, list(self.messages), params, self.continue_final, list(self.tools))
+            if self.prefill:
+                ids = check_context(
+                    model, ids + model.tokenizer(self.prefill, add_special_tokens=False).input_ids, params
+                )
+            return ids
         assert self.text is not None
         return encode_prompt(model, self.text, params)
 
@@ -73,15 +79,19 @@ class Prompt:
 
     def dumps(self) -> str:
         value = {"text": self.text, "messages": list(self.messages), "continue_final": self.continue_final}
-        return json.dumps(
-            value | ({"raw": True} if self.raw else {}) | ({"tools": list(self.tools)} if self.tools else {})
-        )
+        extra: dict[str, Any] = {"raw": True} if self.raw else {}
+        extra |= {"tools": list(self.tools)} if self.tools else {}
+        extra |= {"prefill": self.prefill} if self.prefill else {}
+        return json.dumps(value | extra)
 
     @classmethod
     def loads(cls, data: str | bytes) -> Prompt:
         value = json.loads(data)
         tools = tuple(value.get("tools") or ())
-        return cls(value["text"], tuple(value["messages"]), value["continue_final"], value.get("raw") is True, tools)
+        prefill = value.get("prefill") if isinstance(value.get("prefill"), str) else ""
+        return cls(
+            value["text"], tuple(value["messages"]), value["continue_final"], value.get("raw") is True, tools, prefill
+        )
 
 
 def check_context(model: Model, ids: list[int], params: GenerationParams) -> list[int]:

@@ -43,9 +43,8 @@ async def create(ctx: Context, ex: Exchange) -> None:
         await whole(ctx, ex, fmt, api, job)
         return
     model = model_id(ctx)
-    rec = ctx.streams.open(
-        job, lambda stream_id: ResponsesEvents.new(stream_id, model, api.tools), path="/v1/responses"
-    )
+    start = job.prompt.prefill if job.prompt is not None and ctx.backend.pool is None else ""  # (as v1.answer_stream)
+    rec = ctx.streams.open(job, lambda sid: ResponsesEvents.new(sid, model, api.tools, start), path="/v1/responses")
     rec.background = api.background
     await follow(ctx, ex, rec, -1)
 

@@ -14,8 +14,8 @@ from streaming.server.answer import Answer, ping_note
 from streaming.server.context import Context
 from streaming.server.exchange import Exchange
 from streaming.wire import sse
-from streaming.wire.answers import AnswerStream
-from streaming.wire.apis import ApiRequest, Format
+from streaming.wire.answers import AnswerStream, prefill
+from streaming.wire.apis import ApiRequest, Format, StreamEncoder
 from streaming.wire.errors import ProtocolError
 
 
@@ -36,8 +36,10 @@ async def models(ctx: Context, ex: Exchange) -> None:
 def prompt_of(api: ApiRequest) -> Prompt:
     if api.text is not None:  # a text completion: the prompt as it is
         return Prompt(api.text, raw=True)
-    tools = tuple(api.tools.specs) if api.tools is not None and api.tools.choice != "none" else ()
-    return Prompt(None, tuple(api.messages), api.continue_final, tools=tools)
+    if api.tools is None or api.tools.choice == "none":
+        return Prompt(None, tuple(api.messages), api.continue_final)
+    start = prefill(api.tools.choice, api.tools.name)  # a required call: the model continues its opening
+    return Prompt(None, tuple(api.messages), api.continue_final, tools=tuple(api.tools.specs), prefill=start)
 
 
 async def answer(ctx: Context, ex: Exchange) -> None:
@@ -50,12 +52,22 @@ async def answer(ctx: Context, ex: Exchange) -> None:
         await whole(ctx, ex, fmt, api, job)
 
 
+def answer_stream(
+    ctx: Context, fmt: Format, api: ApiRequest, job: Job, enc: StreamEncoder | None = None
+) -> AnswerStream:
+    """The reader of this answer's text and tool calls. A local model continues the prompt's
+    prefill (a required call's opening), so the reader starts with it; an upstream is asked
+    with tool_choice instead, and its calls come whole."""
+    start = job.prompt.prefill if job.prompt is not None and ctx.backend.pool is None else ""
+    return AnswerStream(api.stop, api.tools, enc, id_prefix(fmt), prefill=start)
+
+
 def id_prefix(fmt: Format) -> str:
     return "toolu_" if fmt.name == "anthropic" else "call_"  # each API's call ids look like its own
 
 
 async def whole(ctx: Context, ex: Exchange, fmt: Format, api: ApiRequest, job: Job) -> None:
-    out = AnswerStream(api.stop, api.tools, id_prefix=id_prefix(fmt))
+    out = answer_stream(ctx, fmt, api, job)
     async with Answer(ctx.answers, job, ex.request.path, watch=ex.conn, whole=True) as answer:
         async for piece in answer.pieces():  # (a failure: a 500, or an upstream's 502/504, before any byte)
             out.push(piece)
@@ -72,7 +84,7 @@ async def whole(ctx: Context, ex: Exchange, fmt: Format, api: ApiRequest, job: J
 
 async def stream(ctx: Context, ex: Exchange, fmt: Format, api: ApiRequest, job: Job) -> None:
     enc = fmt.stream(model_id(ctx), api, job.prompt_tokens)
-    out = AnswerStream(api.stop, api.tools, enc, id_prefix(fmt))  # stop strings and tool calls
+    out = answer_stream(ctx, fmt, api, job, enc)  # stop strings and tool calls
 
     async def ending(err: ProtocolError) -> None:
         await ex.send(enc.error(err.message))

@@ -7,16 +7,27 @@ text events, its call events on as the format's tool-call events. Without an enc
 collects: the whole answer's text and calls, for a non-streaming answer. No I/O.
 
 A stop string is matched in the answer's text, not inside a call's arguments.
-Leaves out: holding the model to tool_choice "required" or a named tool (the model is asked by
-the template; what it writes is what is read).
+tool_choice "required" (or a named tool) is held by a prefill: the answer begins with the
+opening of a call, which the model continues (`prefill`); "none" reads no calls.
 """
 
 from __future__ import annotations
 
+import json
+
 from streaming.wire.apis import Call, StreamEncoder
 from streaming.wire.stops import StopMatcher
-from streaming.wire.toolcalls import CallArgs, CallEnd, CallStart, Event, Text, ToolCallParser
+from streaming.wire.toolcalls import CALL_OPEN, CallArgs, CallEnd, CallStart, Event, Text, ToolCallParser
 from streaming.wire.tools import Tools
+
+
+def prefill(choice: str, name: str | None = None) -> str:
+    """The answer's beginning that holds a model to a tool choice that requires a call: the
+    opening of a call (of the tool `name`), which the model continues. A local engine puts it
+    after the prompt; the tool-call reader is fed it first, so the call reads whole."""
+    if choice != "required":
+        return ""
+    return CALL_OPEN + "\n" + (f'{{"name": {json.dumps(name)}, "arguments": ' if name else "")
 
 
 class AnswerStream:
@@ -27,12 +38,16 @@ class AnswerStream:
         enc: StreamEncoder | None = None,
         id_prefix: str = "call_",
         calling: bool | None = None,
+        prefill: str = "",
     ) -> None:
-        """`calling`: read tool calls (default: if `tools` offers some and tool_choice is not none)."""
+        """`calling`: read tool calls (default: if `tools` offers some and tool_choice is not none);
+        `prefill`: what the answer began with before the model wrote (its pieces follow on)."""
         self.matcher, self.enc = StopMatcher(stops), enc
         if calling is None:
             calling = tools is not None and bool(tools.specs) and tools.choice != "none"
         self.parser = ToolCallParser(id_prefix) if calling else None
+        if self.parser is not None and prefill:
+            self.parser.push(prefill)  # (it says nothing yet: a call's start)
         self.parts: list[str] = []  # the text, when collecting a whole answer
         self.calls: list[Call] = []
         self.args: list[list[str]] = []

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable
@@ -120,6 +121,10 @@ class UpstreamJob(Job):
             body["ignore_eos"] = True  # vLLM's extension, and this server's
         if self.prompt is not None and self.prompt.tools:
             body["tools"] = list(self.prompt.tools)  # (the calls come back as tool_calls deltas)
+            if self.prompt.prefill:  # a required call: the upstream is asked for one (and which)
+                named = re.search(r'"name": ("(?:[^"\\]|\\.)*")', self.prompt.prefill)
+                function = {"name": json.loads(named[1])} if named else None
+                body["tool_choice"] = {"type": "function", "function": function} if function else "required"
         if self.raw:  # a text completion: the prompt (and the answer so far) as it is
             del body["messages"]
             body["prompt"] = (self.prompt.text or "") + self.so_far if self.prompt is not None else self.so_far

@@ -61,16 +61,16 @@ class ResponsesEvents:
     each piece's token ids go with the next event it leads to (a piece the reader holds gives
     none yet), so a taker finds exactly the tokens whose text the events say."""
 
-    def __init__(self, stream: ResponsesStream, calling: bool = False) -> None:
+    def __init__(self, stream: ResponsesStream, calling: bool = False, prefill: str = "") -> None:
         self.stream, self.rec = stream, Recording("", None)
-        self.out = AnswerStream([], enc=Sink(self), calling=calling)
+        self.out = AnswerStream([], enc=Sink(self), calling=calling, prefill=prefill)
         self.ids: list[int] = []  # of the pieces not yet in an event
 
     @classmethod
-    def new(cls, stream_id: str, model: str, tools: Tools | None = None) -> ResponsesEvents:
+    def new(cls, stream_id: str, model: str, tools: Tools | None = None, prefill: str = "") -> ResponsesEvents:
         s = ResponsesStream("resp_" + stream_id, model, int(time.time()))
         s.tools, s.tool_choice = echo(tools)
-        return cls(s, calling=bool(s.tools) and tools is not None and tools.choice != "none")
+        return cls(s, calling=bool(s.tools) and tools is not None and tools.choice != "none", prefill=prefill)
 
     def add(self, events: list[dict[str, Any]], last: bool = False) -> None:
         for i, value in enumerate(events):
@@ -141,7 +141,7 @@ def parsed(rec: Recording) -> list[tuple[str, str]]:
 
 def of_events(rec: Recording, answer_text: str = "") -> Article | ResponsesEvents:
     """The encoding a recording was written in, from its event 0, going on from its events so
-    far; `answer_text`, what the model wrote so far (its tokens decoded), puts a Responses
+    far; `answer_text`, the answer so far (its prefill and its tokens decoded), puts a Responses
     stream's tool-call reader where the dead generator's was. Raises ValueError (or KeyError)
     if they cannot be read."""
     events = parsed(rec)
@@ -150,8 +150,7 @@ def of_events(rec: Recording, answer_text: str = "") -> Article | ResponsesEvent
     stream = ResponsesStream.resume([json.loads(data) for _, data in events])
     enc = ResponsesEvents(stream, calling=bool(stream.tools) and stream.tool_choice != "none")
     if enc.out.parser is not None and answer_text:
-        replay = AnswerStream([], calling=True)  # the same reader fed the same text: the same state
-        replay.push(answer_text)
+        replay = AnswerStream([], calling=True, prefill=answer_text)  # the same reader, the same text: the same state
         enc.out.parser, enc.out.calls, enc.out.args = replay.parser, replay.calls, replay.args
     return enc
 

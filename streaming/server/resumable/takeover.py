@@ -168,9 +168,10 @@ class Takeover:
             ids = [int(t) for t in meta[b"ids"].split()]
             prompt = Prompt.loads(meta[b"prompt"]) if self.backend.pool is not None else None
             texts = encodings.texts(rec)
-            model = self.backend.model  # what the model wrote so far, tool-call tags and all
+            model = self.backend.model  # the answer so far, tool-call tags and all (its prefill first)
+            start = Prompt.loads(meta[b"prompt"]).prefill if meta.get(b"prompt") not in (None, b"null") else ""
             so_far = model.tokenizer.decode(rec.answer, skip_special_tokens=True) if model is not None else ""
-            enc = encodings.of_events(rec, so_far)
+            enc = encodings.of_events(rec, start + so_far if model is not None else "")
         except (ValueError, TypeError, KeyError, ProtocolError) as e:
             await r.delete(key("l", rec.id))
             print(f"stream {rec.id}: what the store holds of it cannot be read ({e!r})", flush=True)
