@@ -259,3 +259,40 @@ def test_tool_choice_required_through_the_server(servers):
     (c,) = r.choices[0].message.tool_calls
     assert json.loads(c.function.arguments) == {"city": "Oslo"} and r.choices[0].finish_reason == "tool_calls"
     assert r.usage.completion_tokens < len(call("Oslo"))  # (the prefill's tokens are the prompt's)
+
+
+def test_an_upstreams_call_deltas_become_the_text_the_reader_reads_back():
+    """CallsAsText (the relay's): OpenAI tool_calls deltas in any split, as Qwen's syntax, read
+    back by the answer reader as the same calls; text between calls stays text."""
+    from streaming.wire.answers import AnswerStream
+    from streaming.wire.openai import CallsAsText, read_chunk
+    from streaming.wire.tools import openai_tools
+
+    def chunk(delta):
+        return read_chunk(json.dumps({"choices": [{"index": 0, "delta": delta}]}))
+
+    def call_delta(i, name=None, args=""):
+        return {
+            "tool_calls": [{"index": i, "function": {"name": name, "arguments": args} if name else {"arguments": args}}]
+        }
+
+    deltas = [
+        {"content": "Both."},
+        call_delta(0, "get_weather", ""),
+        call_delta(0, args='{"city": '),
+        call_delta(0, args='"Paris"}'),
+        {"content": " and "},
+        call_delta(1, "get_weather", '{"city": "Rome"}'),
+        call_delta(2, "noop"),  # a call without arguments
+    ]
+    relay, out = CallsAsText(), AnswerStream([], openai_tools({"tools": TOOLS}))
+    for d in deltas:
+        out.push(relay.text(chunk(d)))
+    out.push(relay.close())
+    out.flush()
+    assert out.text == "Both. and "
+    assert [(c.name, json.loads(c.arguments)) for c in out.calls] == [
+        ("get_weather", {"city": "Paris"}),
+        ("get_weather", {"city": "Rome"}),
+        ("noop", {}),
+    ]

@@ -20,6 +20,7 @@ from streaming.wire import sse
 from streaming.wire.apis import ApiRequest, Call, Finish, kind_of, stops
 from streaming.wire.errors import InvalidRequest, ProtocolError
 from streaming.wire.params import MAX_SEED, MAX_TOKENS, GenerationParams, number, stream_interval, unicode
+from streaming.wire.toolcalls import CALL_CLOSE, CALL_OPEN
 from streaming.wire.tools import call_arguments, openai_tools
 
 OBFUSCATION_ALPHABET = string.ascii_letters + string.digits
@@ -298,3 +299,33 @@ def call_delta(value: Any) -> CallDelta | None:
     return CallDelta(
         value.get("index", 0), name if isinstance(name, str) else None, arguments if isinstance(arguments, str) else ""
     )
+
+
+class CallsAsText:
+    """A stream's text and tool_calls deltas as the text a Qwen model writes, calls in its
+    `<tool_call>{"name": ..., "arguments": ...}</tool_call>` syntax, which a reader of answers
+    reads back as calls (answers.py): one reader of calls, whatever the engine. The relay
+    (--engine upstream) turns an upstream's chunks into pieces with it."""
+
+    def __init__(self) -> None:
+        self.open: int | None = None  # the index of the call being written
+        self.args = False  # its arguments have begun
+
+    def text(self, chunk: Chunk) -> str:
+        """A chunk's text (which ends a call that was open), then its calls' text."""
+        out = [self.close(), chunk.text] if chunk.text else []
+        for c in chunk.calls:
+            if c.name is not None and c.at != self.open:  # a new call (the one before ends)
+                out.append(self.close() + f'{CALL_OPEN}\n{{"name": {json.dumps(c.name)}, "arguments": ')
+                self.open, self.args = c.at, False
+            if c.arguments and self.open is not None:
+                out.append(c.arguments)
+                self.args = True
+        return "".join(out)
+
+    def close(self) -> str:
+        """The end of the call being written ("" if none is)."""
+        if self.open is None:
+            return ""
+        self.open = None
+        return ("" if self.args else "{}") + f"}}\n{CALL_CLOSE}"

@@ -41,9 +41,8 @@ from streaming import http_client
 from streaming.generation.job import Item, Job, Piece, StopFlag
 from streaming.generation.upstream.pool import Pool, Upstream, UpstreamError, connect, refusal, request_bytes
 from streaming.wire.errors import ProtocolError
-from streaming.wire.openai import Chunk, read_chunk
+from streaming.wire.openai import CallsAsText, read_chunk
 from streaming.wire.sse import EventParser
-from streaming.wire.toolcalls import CALL_CLOSE, CALL_OPEN
 
 ERROR_BODY = 64 * 1024  # bytes of an upstream's error answer read for its message
 # Pieces relayed ahead of the reader: past them the relay stops reading the upstream until the
@@ -80,8 +79,7 @@ class UpstreamJob(Job):
         self.pool, self.messages, self.so_far = pool, messages, so_far
         self.produced = self.prior_pieces = pieces  # an answer continued: the pieces sent count as its tokens
         self.usage_tokens: int | None = None
-        self.open_call: int | None = None  # the index of the upstream's tool call being relayed
-        self.call_args = False  # its arguments have begun
+        self.calls = CallsAsText()  # the upstream's tool_calls deltas, as a Qwen model writes calls
         self.chars = len(so_far)  # the answer's characters so far, against MAX_CHARS_PER_TOKEN
         self.room = asyncio.Event()  # set when the reader has taken pieces (backpressure)
         self.deadline = 0.0  # time.monotonic() by which the upstream must send text
@@ -256,7 +254,7 @@ class UpstreamJob(Job):
             self.usage(chunk.usage, u)
         if chunk.alive:  # text, or what comes before it (reasoning, a tool call): the upstream works
             self.deadline = time.monotonic() + self.pool.silence
-        text = (self.close_call() if chunk.text else "") + chunk.text + self.calls_as_text(chunk)  # (text ends a call)
+        text = self.calls.text(chunk)
         if text:
             limit = self.params.max_tokens
             self.chars += len(text)
@@ -266,31 +264,10 @@ class UpstreamJob(Job):
             self.produced += 1
             self.out.put_nowait(Piece.of(text, []))
         if chunk.finish:
-            if self.open_call is not None:  # the last call ends with the answer
-                self.out.put_nowait(Piece.of(self.close_call(), []))
+            if rest := self.calls.close():  # the last call ends with the answer
+                self.out.put_nowait(Piece.of(rest, []))
             return "length" if chunk.finish == "length" else "eos"
         return None
-
-    def calls_as_text(self, chunk: Chunk) -> str:
-        """An upstream's tool_calls deltas as the text a Qwen model writes for them, which the
-        reader's format reads back as calls (wire/answers.py): one reader of calls, whatever
-        the engine."""
-        out = []
-        for c in chunk.calls:
-            if c.name is not None and c.at != self.open_call:  # a new call (closing the one before)
-                out.append(self.close_call() + f'{CALL_OPEN}\n{{"name": {json.dumps(c.name)}, "arguments": ')
-                self.open_call, self.call_args = c.at, False
-            if c.arguments and self.open_call is not None:
-                out.append(c.arguments)
-                self.call_args = True
-        return "".join(out)
-
-    def close_call(self) -> str:
-        if self.open_call is None:
-            return ""
-        rest = "" if self.call_args else "{}"
-        self.open_call = None
-        return f"{rest}}}\n{CALL_CLOSE}"
 
     def usage(self, usage: dict[str, Any], u: Upstream) -> None:
         """An upstream's counts, where they are counts (a token count is a whole number >= 0);
