@@ -24,8 +24,6 @@
 // A new case is a script NAME.mjs here calling main() (a new SDK: a pinned entry in package.json,
 // then `npm install --prefix tests/node` to update package-lock.json), or one more provider in
 // ai_stream_text.mjs's PROVIDERS; then a test in tests/test_node.py, `node("NAME", port, **options)`.
-// Waiting for the server's /v1/responses: responses_stream.mjs (openai's responses.create({stream:
-// true})) and the "openai" provider (@ai-sdk/openai, Responses by default); see test_node.py's end.
 
 import { readFileSync } from "node:fs";
 
