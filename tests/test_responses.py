@@ -106,9 +106,9 @@ def test_errors_come_in_openais_shape(servers):
     cases = [
         ({"input": []}, "input"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content"),
-        ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0]"),
+        ({"input": [{"type": "reasoning", "summary": []}]}, "input[0]"),
         ({"input": "hi", "previous_response_id": "resp_x"}, "previous_response_id"),
-        ({"input": "hi", "tools": [{"type": "function", "name": "f"}]}, "tools"),
+        ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0]"),
         ({"input": "hi", "background": True}, "background"),
         ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
         ({"input": "hi", "text": {"format": {"type": "json_schema"}}}, "text.format"),
@@ -141,7 +141,7 @@ def test_a_failure_after_the_head_is_an_error_event_then_response_failed(servers
 def test_a_stream_taken_over_goes_on_with_the_next_number_and_its_text():
     """What a replica that takes a stream over rebuilds from its events (takeover.py)."""
     s = ResponsesStream("resp_abc", "m", 7)
-    evs = [*s.opening(), s.delta("Hel"), s.delta("lo")]
+    evs = [*s.opening(), *s.delta("Hel"), *s.delta("lo")]
     again = ResponsesStream.resume(json.loads(json.dumps(evs)))
     assert (again.seq, again.text, again.id, again.created_at) == (6, "Hello", "resp_abc", 7)
     closing = again.closing(Responses().finish("eos", None), 3, 2)

@@ -128,6 +128,13 @@ def test_responses_function_call_items_streamed_and_whole(servers):
         evs = list(s)
         final = s.get_final_response()
     assert final.status == "completed" and [o.type for o in final.output] == ["message", "function_call"]
+    added = [e for e in evs if e.type in ("response.output_item.added", "response.output_item.done")]
+    assert [(e.type.rsplit(".", 1)[1], e.output_index) for e in added] == [
+        ("added", 0),
+        ("done", 0),
+        ("added", 1),
+        ("done", 1),
+    ]
     fc = final.output[1]
     assert fc.name == "get_weather" and json.loads(fc.arguments) == {"city": "Paris"} and fc.call_id.startswith("call_")
     types = [e.type for e in evs]

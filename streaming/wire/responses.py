@@ -117,17 +117,6 @@ def echo(tools: Tools | None) -> tuple[list[dict[str, Any]], Any]:
     return flat, choice
 
 
-def function_call(call: Call | dict[str, Any], status: str) -> dict[str, Any]:
-    c = call if isinstance(call, dict) else {"call_id": call.id, "name": call.name, "arguments": call.arguments}
-    item_id = "fc_" + str(c["call_id"]).removeprefix("call_")
-    return {
-        "id": item_id,
-        "type": "function_call",
-        "status": status,
-        **{k: c[k] for k in ("call_id", "name", "arguments")},
-    }
-
-
 class Responses:
     name = "responses"
 
@@ -184,11 +173,16 @@ class Responses:
         calls: Sequence[Call] = (),
     ) -> Any:
         s = ResponsesStream("resp_" + secrets.token_hex(12), model, int(time.time()))
-        s.text = text
-        item = "completed" if finish.reason == "completed" else "incomplete"
-        output = [s.message(item)] if text or not calls else []
-        output += [function_call(c, "completed" if c.complete else "incomplete") for c in calls]
-        return s.response(finish.reason, *output, use=usage(prompt_tokens, completion_tokens))
+        if text or not calls:
+            s.delta(text)
+        for i, c in enumerate(calls):
+            s.call_start(i, c.id, c.name)
+            s.call_args(i, c.arguments)
+            s.call_end(i)
+        item_status = "completed" if finish.reason == "completed" else "incomplete"
+        for item in s.items:
+            item["open"] = False
+        return s.response(finish.reason, usage(prompt_tokens, completion_tokens), item_status)
 
     def stream(self, model: str, request: ApiRequest, prompt_tokens: int) -> ResponsesBytes:  # noqa: ARG002
         """The events as bytes, unrecorded (the server records its streams instead: they resume)."""
@@ -206,32 +200,47 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
 
 
 class ResponsesStream:
-    """The events of one streamed response, as dicts, numbered from `seq`; `text` is the
-    answer so far (the done events repeat it whole)."""
+    """The events of one streamed response, as dicts, numbered from `seq`. Its output items go
+    one after another, each done before the next is added (as OpenAI's do): a message for text,
+    a function_call for each call, a new message for text after a call."""
 
     def __init__(self, response_id: str, model: str, created_at: int, seq: int = 0) -> None:
         self.id, self.model, self.created_at = response_id, model, created_at
-        self.item_id = "msg_" + response_id.removeprefix("resp_")
-        self.seq, self.text = seq, ""
-        self.calls: list[dict[str, Any]] = []  # function_call items: call_id, name, arguments so far
+        self.seq = seq
+        self.items: list[dict[str, Any]] = []  # the output items so far, each with "open" while it is written
+        self.calls: list[int] = []  # call index -> its item's output index
         self.tools: list[dict[str, Any]] = []  # the function tools offered, echoed in the response
         self.tool_choice: Any = "none"
+
+    @property
+    def text(self) -> str:
+        """The answer's text so far, all its messages'."""
+        return "".join(item["text"] for item in self.items if item["type"] == "message")
 
     @classmethod
     def resume(cls, events: list[dict[str, Any]]) -> ResponsesStream:
         """The stream again from its events so far (another replica wrote them): the next event
-        gets the next number, and the text is what their deltas said."""
+        gets the next number, and its items are what the events said."""
         first = events[0]["response"] if events and events[0].get("type") == "response.created" else None
         if not isinstance(first, dict):
             raise ValueError("a Responses stream begins with response.created")
         s = cls(str(first["id"]), str(first["model"]), int(first["created_at"]), seq=len(events))
         s.tools, s.tool_choice = list(first.get("tools") or []), first.get("tool_choice", "none")
-        s.text = "".join(e["delta"] for e in events if e.get("type") == "response.output_text.delta")
         for e in events:
-            if e.get("type") == "response.output_item.added" and e["item"].get("type") == "function_call":
-                s.calls.append({k: e["item"][k] for k in ("call_id", "name")} | {"arguments": ""})
-            elif e.get("type") == "response.function_call_arguments.delta":
-                s.calls[e["output_index"] - 1]["arguments"] += e["delta"]
+            kind = e.get("type")
+            if kind == "response.output_item.added":
+                item = e["item"]
+                if item["type"] == "message":
+                    s.items.append({"type": "message", "id": item["id"], "text": "", "open": True})
+                else:
+                    s.calls.append(len(s.items))
+                    s.items.append({**item, "arguments": "", "open": True})
+            elif kind == "response.output_text.delta":
+                s.items[e["output_index"]]["text"] += e["delta"]
+            elif kind == "response.function_call_arguments.delta":
+                s.items[e["output_index"]]["arguments"] += e["delta"]
+            elif kind == "response.output_item.done":
+                s.items[e["output_index"]]["open"] = False
         return s
 
     def event(self, kind: str, **fields: Any) -> dict[str, Any]:
@@ -239,7 +248,7 @@ class ResponsesStream:
         self.seq += 1
         return value
 
-    def response(self, status: str, *output: dict[str, Any], use: dict[str, Any] | None = None) -> dict[str, Any]:
+    def response(self, status: str, use: dict[str, Any] | None = None, item_status: str = "") -> dict[str, Any]:
         return {
             "id": self.id,
             "object": "response",
@@ -250,87 +259,109 @@ class ResponsesStream:
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
             "instructions": None,
             "model": self.model,
-            "output": list(output),
+            "output": [self.shown(item, item_status) for item in self.items] if item_status else [],
             "parallel_tool_calls": False,
             "tool_choice": self.tool_choice,
             "tools": self.tools,
             "usage": use,
         }
 
-    def part(self) -> dict[str, Any]:
-        return {"type": "output_text", "text": self.text, "annotations": [], "logprobs": []}
+    def shown(self, item: dict[str, Any], status: str) -> dict[str, Any]:
+        """An output item as the API shows it (`status` for one no longer being written)."""
+        status = "in_progress" if item["open"] and status != "incomplete" else status
+        if item["type"] == "message":
+            content = [part(item["text"])] if status != "in_progress" else []
+            return {"id": item["id"], "type": "message", "status": status, "role": "assistant", "content": content}
+        return {k: item[k] for k in ("id", "type", "call_id", "name", "arguments")} | {"status": status}
 
-    def message(self, status: str) -> dict[str, Any]:
-        content = [self.part()] if status != "in_progress" else []
-        return {"id": self.item_id, "type": "message", "status": status, "role": "assistant", "content": content}
-
-    def where(self) -> dict[str, Any]:
-        return {"item_id": self.item_id, "output_index": 0, "content_index": 0}
+    def where(self, index: int) -> dict[str, Any]:
+        return {"item_id": self.items[index]["id"], "output_index": index, "content_index": 0}
 
     def opening(self) -> list[dict[str, Any]]:
         return [
             self.event("response.created", response=self.response("in_progress")),
             self.event("response.in_progress", response=self.response("in_progress")),
-            self.event("response.output_item.added", output_index=0, item=self.message("in_progress")),
-            self.event("response.content_part.added", **self.where(), part=self.part()),
         ]
 
-    def delta(self, piece: str) -> dict[str, Any]:
-        self.text += piece
-        return self.event("response.output_text.delta", **self.where(), delta=piece, logprobs=[])
+    def open_message(self) -> list[dict[str, Any]]:
+        k = len(self.items)
+        item_id = "msg_" + self.id.removeprefix("resp_") + (f"_{k}" if k else "")
+        self.items.append({"type": "message", "id": item_id, "text": "", "open": True})
+        return [
+            self.event("response.output_item.added", output_index=k, item=self.shown(self.items[k], "in_progress")),
+            self.event("response.content_part.added", **self.where(k), part=part("")),
+        ]
 
-    # A call is output item 1 + its index (the message is item 0, opened first).
+    def close_message(self, status: str = "completed") -> list[dict[str, Any]]:
+        """The done events of the message being written, if one is."""
+        if not self.items or self.items[-1]["type"] != "message" or not self.items[-1]["open"]:
+            return []
+        k, item = len(self.items) - 1, self.items[-1]
+        item["open"] = False
+        return [
+            self.event("response.output_text.done", **self.where(k), text=item["text"], logprobs=[]),
+            self.event("response.content_part.done", **self.where(k), part=part(item["text"])),
+            self.event("response.output_item.done", output_index=k, item=self.shown(item, status)),
+        ]
+
+    def delta(self, piece: str) -> list[dict[str, Any]]:
+        """A piece of text (in a message begun for it, if the last item is not one being written)."""
+        out = (
+            [] if self.items and self.items[-1]["type"] == "message" and self.items[-1]["open"] else self.open_message()
+        )
+        self.items[-1]["text"] += piece
+        k = len(self.items) - 1
+        return [*out, self.event("response.output_text.delta", **self.where(k), delta=piece, logprobs=[])]
+
     def call_start(self, index: int, call_id: str, name: str) -> list[dict[str, Any]]:
-        self.calls.append({"call_id": call_id, "name": name, "arguments": ""})
-        item = function_call(self.calls[index], "in_progress")
-        return [self.event("response.output_item.added", output_index=1 + index, item=item)]
+        out = self.close_message()
+        k = len(self.items)
+        assert index == len(self.calls), "calls come in order"
+        self.calls.append(k)
+        item_id = "fc_" + call_id.removeprefix("call_")
+        self.items.append(
+            {"type": "function_call", "id": item_id, "call_id": call_id, "name": name, "arguments": "", "open": True}
+        )
+        return [*out, self.event("response.output_item.added", output_index=k, item=self.shown(self.items[k], ""))]
 
     def call_args(self, index: int, delta: str) -> list[dict[str, Any]]:
-        self.calls[index]["arguments"] += delta
-        item_id = function_call(self.calls[index], "")["id"]
-        return [
-            self.event("response.function_call_arguments.delta", item_id=item_id, output_index=1 + index, delta=delta)
-        ]
+        k = self.calls[index]
+        self.items[k]["arguments"] += delta
+        item_id = self.items[k]["id"]
+        return [self.event("response.function_call_arguments.delta", item_id=item_id, output_index=k, delta=delta)]
 
     def call_end(self, index: int) -> list[dict[str, Any]]:
-        call = self.calls[index]
-        call["arguments"] = call["arguments"] or "{}"
-        item = function_call(call, "completed")
+        k = self.calls[index]
+        item = self.items[k]
+        item["arguments"], item["open"] = item["arguments"] or "{}", False
         return [
             self.event(
                 "response.function_call_arguments.done",
                 item_id=item["id"],
-                output_index=1 + index,
-                name=call["name"],
-                arguments=call["arguments"],
+                output_index=k,
+                name=item["name"],
+                arguments=item["arguments"],
             ),
-            self.event("response.output_item.done", output_index=1 + index, item=item),
+            self.event("response.output_item.done", output_index=k, item=self.shown(item, "completed")),
         ]
 
     def closing(self, finish: Finish, prompt_tokens: int, completion_tokens: int) -> list[dict[str, Any]]:
-        """After the last delta: the done events, then response.completed, or response.incomplete
-        (its status incomplete, or cancelled: the API has no response.cancelled event)."""
+        """After the last piece: the open message's done events (an empty message if the answer
+        had no item), then response.completed, or response.incomplete (its status incomplete,
+        or cancelled: the API has no response.cancelled event)."""
         status = finish.reason  # completed, incomplete or cancelled (Responses.finish)
-        last = "completed" if status == "completed" else "incomplete"
-        item = "completed" if status == "completed" else "incomplete"
+        item_status = "completed" if status == "completed" else "incomplete"
+        out = self.open_message() if not self.items else []
+        out += self.close_message(item_status)
+        final = self.response(status, usage(prompt_tokens, completion_tokens), item_status)
         return [
-            self.event("response.output_text.done", **self.where(), text=self.text, logprobs=[]),
-            self.event("response.content_part.done", **self.where(), part=self.part()),
-            self.event("response.output_item.done", output_index=0, item=self.message(item)),
-            self.event(
-                f"response.{last}",
-                response=self.response(
-                    status,
-                    self.message(item),
-                    *(function_call(c, "completed") for c in self.calls),
-                    use=usage(prompt_tokens, completion_tokens),
-                ),
-            ),
+            *out,
+            self.event("response.completed" if status == "completed" else "response.incomplete", response=final),
         ]
 
     def failure(self, message: str, code: str = "server_error") -> list[dict[str, Any]]:
         """A failure after the head: an error event, then response.failed."""
-        failed = self.response("failed", self.message("incomplete"))
+        failed = self.response("failed", item_status="incomplete")
         failed["error"] = {"code": code, "message": message}
         return [
             # ResponseErrorEvent's fields, and an `error` member: the SDKs raise on an error
@@ -338,6 +369,10 @@ class ResponsesStream:
             self.event("error", code=code, message=message, param=None, error={"type": code, "message": message}),
             self.event("response.failed", response=failed),
         ]
+
+
+def part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
 def dumps(value: dict[str, Any]) -> str:
@@ -358,7 +393,7 @@ class ResponsesBytes:
         return encoded(self.events.opening())
 
     def text(self, piece: str) -> bytes:
-        return encoded([self.events.delta(piece)])
+        return encoded(self.events.delta(piece))
 
     def call_start(self, index: int, call_id: str, name: str) -> bytes:
         return encoded(self.events.call_start(index, call_id, name))

@@ -105,7 +105,7 @@ class Sink:
         self.owner, self.prompt_tokens = owner, 0
 
     def text(self, piece: str) -> bytes:
-        self.owner.add([self.owner.stream.delta(piece)])
+        self.owner.add(self.owner.stream.delta(piece))
         return b""
 
     def call_start(self, index: int, call_id: str, name: str) -> bytes:
