@@ -38,9 +38,11 @@ from streaming.server.config import (
     WRITE_TIMEOUT,
     Config,
 )
+from streaming.server.merging import MODES
 from streaming.server.resumable.recordings import GRACE_SECONDS, KEEP_COUNT, KEEP_SECONDS, ORPHANS
 from streaming.server.serve import serve
 from streaming.wire.http11 import REQUEST_TIMEOUT
+from streaming.wire.params import MAX_STREAM_INTERVAL
 
 
 def parse_args(argv=None):
@@ -61,6 +63,8 @@ def parse_args(argv=None):
         p.error(
             "--max-batch, --prefill-chunk, --prefill-budget, --keepalive-requests and --log-keep must be at least 1"
         )
+    if not 1 <= args.stream_interval <= MAX_STREAM_INTERVAL:
+        p.error(f"--stream-interval must be from 1 to {MAX_STREAM_INTERVAL}")
     if args.max_waiting < 0:
         p.error("--max-waiting must be 0 (refuse whenever the batch is full) or more")
     if (args.engine == "upstream") != bool(args.upstream):
@@ -126,6 +130,18 @@ def engine_options(g):
         help="batched: fifo runs every row every step; qoe runs first the rows whose readers are about to wait",
     )
     g.add_argument("--queue", type=int, default=0, help="thread engine: bound each request's queue to N pieces")
+    g.add_argument(
+        "--stream-interval",
+        type=int,
+        default=1,
+        help=f"text pieces per event after the first (1 to {MAX_STREAM_INTERVAL}; a request may say its own)",
+    )
+    g.add_argument(
+        "--stream-merge",
+        choices=MODES,
+        default="adaptive",
+        help="adaptive: pieces already waiting for a reader who is behind go as one event (never waits for text)",
+    )
     g.add_argument("--served-model-name", default=None, help="the model's id on /v1/ (default: its short name)")
 
 

@@ -4,6 +4,7 @@
     python scripts/bench.py profile [--model bundled] [--dtype float32]     # where a step's time goes
     python scripts/bench.py qoe [--quick]     # QoE at equal work, interleaved with the peer (scripts/bench_qoe.py)
     python scripts/bench.py guidellm [--quick]   # guidellm against both servers (scripts/bench_guidellm.py)
+    python scripts/bench.py merging [--rounds 3]   # tokens per event, fast and slow readers (scripts/bench_merging.py)
 
 For each server (this one with --engine batched, this one with --engine thread, and the peer
 `transformers serve --continuous-batching`), one after the other on the same model, dtype and
@@ -28,6 +29,7 @@ import time
 from pathlib import Path
 
 import bench_guidellm
+import bench_merging
 import bench_qoe
 from benchkit import PROMPTS, cpu_seconds, pct, pyplot, start_peer
 
@@ -216,7 +218,7 @@ app = Starlette(routes=[Route("/stream", stream, methods=["POST"])])
 def event_cost(model):
     """Server CPU time per event: ours (--engine free) and uvicorn + Starlette, same events."""
     out = {}
-    ours = Server("free server", "--port", "0", "--engine", "free", "--model", model)
+    ours = Server("free server", "--port", "0", "--engine", "free", "--model", model, "--stream-merge", "off")
     try:
         ours.wait()
         out["this server"] = cost_of(ours.port, ours.proc.pid)
@@ -518,11 +520,13 @@ def main(argv=None):
         return bench_qoe.main(argv[1:])
     if argv[:1] == ["guidellm"]:  # the field's benchmark tool against the same servers: its own script
         return bench_guidellm.main(argv[1:])
+    if argv[:1] == ["merging"]:  # pieces per event: --stream-interval and adaptive merging
+        return bench_merging.main(argv[1:])
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
         "what",
-        choices=["load", "profile", "qoe", "guidellm"],
-        help="qoe, guidellm: see scripts/bench_qoe.py, bench_guidellm.py",
+        choices=["load", "profile", "qoe", "guidellm", "merging"],
+        help="qoe, guidellm, merging: see scripts/bench_qoe.py, bench_guidellm.py, bench_merging.py",
     )
     p.add_argument("--model", default=os.environ.get("LM_MODEL", "bundled"))
     p.add_argument(

@@ -6,11 +6,14 @@
 Entering watches the reader: end-of-file on its connection stops the job at once (the article's
 point), unless the server is --naive. `pieces()` yields the job's text pieces, timing each, calls
 a keep-alive during silence, and raises the job's failure as a ProtocolError; `relay()` hands
-each piece to a delivery function and notices a reader that cannot take it. Leaving, however it
-leaves, stops the job, stops watching, waits for the job's count of tokens and records the answer
-(the article's log line and the metrics); an answer that the shutdown stopped then leaves with
-ProtocolError 503 `shutting_down`. Every error an answer raises reaches the one error place
-(exchange.py), which says it in the endpoint's shape, before the head or after it.
+them to a delivery function as events, as many pieces an event as its `Merging` says
+(merging.py: one each by default, the first always alone; with adaptive merging, those already
+waiting while the reader's socket is behind go together), and notices a reader that cannot take
+one. Leaving, however it leaves, stops the job, stops watching, waits for the job's count of
+tokens and records the answer (the article's log line and the metrics); an answer that the
+shutdown stopped then leaves with ProtocolError 503 `shutting_down`. Every error an answer raises
+reaches the one error place (exchange.py), which says it in the endpoint's shape, before the head
+or after it.
 
 `Answers` is what all answers of a server share: the log, the metrics, the --ping and --naive
 settings, and the phase (the shutdown's cut). No sockets here: a watched connection is anything
@@ -29,7 +32,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
 from typing import Any, Protocol
 
-from streaming.generation.job import Job
+from streaming.generation.job import Item, Job
+from streaming.server.merging import Merging
 from streaming.server.metrics import Metrics
 from streaming.server.state import Phase, ServerState
 from streaming.wire.errors import ProtocolError
@@ -51,6 +55,15 @@ class Watched(Protocol):
     gone: bool
 
     async def watch(self, job: Job) -> None: ...
+
+
+class Outlet(Protocol):
+    """A reader's socket as adaptive merging sees it (exchange.Exchange, ws.WebSocket)."""
+
+    @property
+    def behind(self) -> bool: ...  # what it was sent has not yet left for the kernel (past the low mark)
+
+    async def settle(self) -> bool: ...  # wait for it to catch up; False: it took nothing in time, dropped
 
 
 class Early(enum.Enum):
@@ -124,6 +137,7 @@ class Answer:
         self.left = False  # the reader went away: no end is sent
         self.produced = 0  # tokens generated, once the answer is over
         self.arrivals: list[float] = []  # when each piece reached the loop, seconds since the request
+        self.kept: list[Item] = []  # the end or a failure that ready() took from the queue: pieces() says it
 
     async def __aenter__(self) -> Answer:
         if self.watched is not None:
@@ -155,7 +169,9 @@ class Answer:
         the reader is gone (False), stop the job and return early."""
         job, ping = self.job, self.answers.ping
         while True:
-            if not job.out.empty():  # a piece is ready: take it without a task or a timer
+            if self.kept:
+                item = self.kept.pop()
+            elif not job.out.empty():  # a piece is ready: take it without a task or a timer
                 item = await job.get()
             else:
                 getter = asyncio.ensure_future(job.get())
@@ -173,37 +189,84 @@ class Answer:
                 raise item
             if isinstance(item, BaseException):
                 raise ProtocolError(f"generation failed: {item}", 500, close_code=1011, kind="generation_failed")
-            now = time.monotonic()
-            if self.arrivals:
-                self.answers.metrics.gaps.observe(now - job.created - self.arrivals[-1])
-            self.arrivals.append(now - job.created)
+            self.arrived()
             yield item  # a Piece (with its token ids), or plain text (--engine free)
 
+    async def ready(self) -> str | None:
+        """A piece that is already waiting, taken at once (no wait: the queue holds it), or None:
+        nothing waits, or what waits is the end or a failure, which pieces() then gives."""
+        if self.kept or self.job.out.empty():
+            return None
+        item = await self.job.get()  # (a job's get() of a queued item returns without suspending)
+        if item is None or isinstance(item, BaseException):
+            self.kept.append(item)
+            return None
+        self.arrived()
+        return item
+
+    def arrived(self) -> None:
+        """A piece reached the answer now: its time, and the gap since the one before."""
+        now = time.monotonic() - self.job.created
+        if self.arrivals:
+            self.answers.metrics.gaps.observe(now - self.arrivals[-1])
+        self.arrivals.append(now)
+
     async def relay(
-        self, deliver: Deliver, keep_alive: KeepAlive | None = None, matcher: StopMatcher | None = None
+        self,
+        deliver: Deliver,
+        keep_alive: KeepAlive | None = None,
+        matcher: StopMatcher | None = None,
+        merging: Merging | None = None,
+        outlet: Outlet | None = None,
     ) -> str | None:
-        """Deliver each piece (through `matcher`, the request's stop strings, if given), with
-        keep_alive() during silence, until the job ends. A delivery that fails means the reader
-        is gone: `left`, and the job stops (with --naive it goes on, for nobody). Returns the stop
-        string that ended the answer, if one did."""
+        """Deliver the pieces as events (through `matcher`, the request's stop strings, if given),
+        with keep_alive() during silence, until the job ends. `merging` says how many pieces go
+        as one event (default: one each); `outlet`, the reader's socket, says whether the reader
+        is behind, for adaptive merging. Text held for an interval goes at a keep-alive's time
+        instead of it. A delivery that fails means the reader is gone: `left`, and the job stops
+        (with --naive it goes on, for nobody). Returns the stop string that ended the answer, if
+        one did."""
+        merging = merging if merging is not None else Merging(adaptive=False)
+
+        async def send() -> bool:
+            """What is held, as one event; False: the answer ends here (the reader left, a stop string)."""
+            text = merging.take()
+            out = matcher.push(text) if matcher else text
+            if out:
+                merging.sent()
+                if not await deliver(out):
+                    self.left = True
+                    if not self.naive:
+                        self.job.stop.set()
+                        return False
+            if matcher is not None and matcher.matched is not None:
+                self.job.stop.set()
+                return False
+            return True
 
         async def silence() -> bool:
-            if not self.left and keep_alive is not None and not await keep_alive():
+            if merging.held and not self.left:  # held text is life on the stream: it goes instead
+                await send()
+            elif not self.left and keep_alive is not None and not await keep_alive():
                 self.left = True
             return not self.left or self.naive
 
         async for piece in self.pieces(silence):
             if self.left:
                 continue  # --naive: generating for nobody
-            text = matcher.push(piece) if matcher else piece
-            if text and not await deliver(text):
-                self.left = True
+            merging.add(piece)
+            if outlet is not None and merging.wait_for_reader(outlet.behind) and not await outlet.settle():
+                self.left = True  # (dropped: it took nothing for --write-timeout)
                 if not self.naive:
                     self.job.stop.set()
                     break
-            if matcher is not None and matcher.matched is not None:
-                self.job.stop.set()
+                continue
+            while merging.more() and (waiting := await self.ready()) is not None:
+                merging.add(waiting)
+            if merging.due() and not await send():
                 break
+        if merging.held and not self.left:  # the end of an interval cut short by the answer's end
+            await send()
         if matcher is not None and not self.left and (rest := matcher.flush()):
             self.left = not await deliver(rest)
         return matcher.matched if matcher is not None else None

@@ -1,5 +1,6 @@
 """The article's endpoints: POST /complete (the whole text as JSON at the end) and POST /stream
-(server-sent events, `data: {"text": piece}` per piece then `data: [DONE]`).
+(server-sent events, `data: {"text": piece}` per event then `data: [DONE]`; an event carries one
+piece, or several as merging.py says, the request's `"stream_interval": N` included).
 
 Either stops its generation the moment the reader leaves (end-of-file or a failed write), unless
 the server is --naive (answer.py). A GET /stream, or a POST that resumes or asks for
@@ -19,7 +20,7 @@ from streaming.server.exchange import Exchange
 from streaming.server.resumable import endpoints as resumable
 from streaming.wire import sse
 from streaming.wire.errors import ProtocolError, error_body
-from streaming.wire.params import plain_request
+from streaming.wire.params import plain_request, stream_interval
 
 
 def text_event(piece: str) -> bytes:
@@ -48,6 +49,7 @@ async def stream(ctx: Context, ex: Exchange) -> None:
     if ex.request.method == "GET" or resumable.wanted(ex.request):
         await resumable.resumable(ctx, ex)
         return
+    interval = stream_interval(ex.request.json())  # (checked before the job starts: a 422)
     job = await start(ctx, ex)
 
     async def ending(err: ProtocolError) -> None:
@@ -61,7 +63,7 @@ async def stream(ctx: Context, ex: Exchange) -> None:
 
     async with Answer(ctx.answers, job, "/stream", watch=ex.conn) as answer:
         ex.start_stream(sse.RESPONSE_FIELDS, ending)
-        await answer.relay(deliver, ping)
+        await answer.relay(deliver, ping, merging=ctx.config.merging(interval), outlet=ex)
     if not answer.left:
         ex.end_stream()
         await ex.send(sse.DONE)

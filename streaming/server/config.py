@@ -14,6 +14,7 @@ from streaming.generation.job import JobOptions
 from streaming.generation.policy import PREFILL_BUDGET
 from streaming.generation.upstream.pool import FIRST_TEXT, SILENCE
 from streaming.server.answer import LOG_KEEP
+from streaming.server.merging import Merging
 from streaming.server.resumable.recordings import GRACE_SECONDS, KEEP_COUNT, KEEP_SECONDS, ORPHANS
 from streaming.wire.http11 import REQUEST_TIMEOUT
 
@@ -43,6 +44,8 @@ class Config:
     queue: int = 0  # thread engine: bound each request's queue to N pieces
     write_timeout: float = WRITE_TIMEOUT
     ping: float = PING_SECONDS
+    stream_interval: int = 1  # pieces per event after the first (vLLM's --stream-interval); per request too
+    stream_merge: str = "adaptive"  # or off: join pieces already waiting for a reader who is behind (merging.py)
     request_timeout: float = REQUEST_TIMEOUT
     allow_origin: tuple[str, ...] = ()  # browser Origins allowed to open /ws (* for any)
     allow_host: tuple[str, ...] = ()  # Host names accepted besides the loopback's (* for any)
@@ -77,3 +80,7 @@ class Config:
 
     def job_options(self) -> JobOptions:
         return JobOptions(self.queue, self.token_delay, self.fail_after, self.first_delay)
+
+    def merging(self, interval: int | None = None) -> Merging:
+        """How one streamed answer's pieces become events: the request's interval, else the server's."""
+        return Merging(interval or self.stream_interval, adaptive=self.stream_merge == "adaptive")

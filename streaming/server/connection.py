@@ -2,7 +2,8 @@
 it leave. What a response says (its head, its errors) is the exchange's (exchange.py).
 
 Every write of a stream goes through `send`: write, and if the transport's buffer is over its
-high-water mark wait for it to drain for at most the write timeout, then drop the reader. A
+high-water mark wait for it to drain for at most the write timeout, then drop the reader;
+`behind` and `settle` are the same mark seen from adaptive merging (server/merging.py). A
 connection carries requests one after another (keep-alive, and pipelined ones in order):
 `next_bytes` waits for the next, `read_request` reads it whole (bodies arriving on all
 connections together are bounded by one `BodyBudget`), and bytes read past a request are kept in
@@ -130,6 +131,26 @@ class Connection:
         if transport.get_write_buffer_size() < transport.get_write_buffer_limits()[1]:
             return True  # under the high-water mark drain() would not wait: skip its timer (per event)
         return await self.drain(timeout)
+
+    @property
+    def behind(self) -> bool:
+        """The reader is behind: the transport holds more than its low mark of what was written
+        (the kernel's buffers are full), so bytes written now would only queue behind those."""
+        transport = self.writer.transport
+        return transport.get_write_buffer_size() > transport.get_write_buffer_limits()[0]
+
+    async def settle(self, timeout: float) -> bool:
+        """Wait until the transport holds its low mark or less (the reader has taken what came
+        before); False, as drain(), if the client is gone or takes nothing for `timeout` s."""
+        transport = self.writer.transport
+        low, high = transport.get_write_buffer_limits()
+        if self.closing or transport.get_write_buffer_size() <= low:
+            return not self.closing
+        transport.set_write_buffer_limits(high=low, low=low)  # past the mark now: the writer pauses
+        try:  # ... and drain() waits until the transport is back at its low mark
+            return await self.drain(timeout)
+        finally:
+            transport.set_write_buffer_limits(high=high, low=low)
 
     async def backpressure(self, timeout: float) -> bool:
         """Before reading more from a peer: if what we owe it is over the mark, wait for it to read

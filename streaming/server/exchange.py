@@ -91,6 +91,15 @@ class Exchange:
         """Write a stream's bytes within --write-timeout; False if the reader cannot take them."""
         return await self.conn.send(data, self.write_timeout)
 
+    @property
+    def behind(self) -> bool:
+        """The reader has not yet taken what the stream sent it (adaptive merging: answer.py)."""
+        return self.conn.behind
+
+    async def settle(self) -> bool:
+        """Wait, within --write-timeout, for the reader to take what the stream sent it."""
+        return await self.conn.settle(self.write_timeout)
+
     def problem(self, err: ProtocolError | InvalidRequest) -> ProtocolError:
         """A failed request check as this endpoint family says it (the APIs say 400; ours 422 or
         400; a WebSocket closes with 1008)."""

@@ -1,12 +1,13 @@
 """GET /ws: a WebSocket per request (RFC 6455), over the sans-I/O session of the wire layer.
 
-The first message is the request ({"prompt", "max_tokens", ...}); then the server sends {"text"}
-messages, {"done": true} and a close 1000. The client may send {"stop": true} at any time; that,
-a close frame or end-of-file stops generation at once. `WebSocket` only moves bytes: it feeds
-what it reads to `Session` (which answers pings and echoes closes) and writes what the session
-has to send. An error after the 101 (`fail`, the exchange's ending) is a message with its details
-then a close with its code: 1008 a bad request, 1003 a binary message, 1011 a failed generation,
-1001 the shutdown. Leaves out: several requests on one socket, binary messages.
+The first message is the request ({"prompt", "max_tokens", ..., "stream_interval"}); then the
+server sends {"text"} messages (a piece each, or several as merging.py says), {"done": true} and
+a close 1000. The client may send {"stop": true} at any time; that, a close frame or end-of-file
+stops generation at once. `WebSocket` only moves bytes: it feeds what it reads to `Session`
+(which answers pings and echoes closes) and writes what the session has to send. An error after
+the 101 (`fail`, the exchange's ending) is a message with its details then a close with its code:
+1008 a bad request, 1003 a binary message, 1011 a failed generation, 1001 the shutdown. Leaves
+out: several requests on one socket, binary messages.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from streaming.server.exchange import Exchange
 from streaming.wire import websocket as frames
 from streaming.wire.errors import ProtocolError, error_body
 from streaming.wire.http11 import json_object, json_value
-from streaming.wire.params import plain_request
+from streaming.wire.params import plain_request, stream_interval
 from streaming.wire.session import Closed, Session
 
 CLOSE_WAIT = 2.0  # seconds to wait for the peer's close frame before closing TCP anyway (RFC 6455 §7.1.1)
@@ -36,6 +37,7 @@ class WebSocket:
         self.session.receive_data(trailing)
         self.peer_closed = asyncio.Event()  # the client's close frame (or end-of-file) arrived
         self.listener: asyncio.Task[None] | None = None  # reading frames while the server streams
+        self.interval: int | None = None  # the request's pieces per message (None: the server's)
 
     def flush(self) -> None:
         if data := self.session.data_to_send():
@@ -90,6 +92,14 @@ class WebSocket:
         self.send_text(json.dumps({"text": text}))
         return await self.conn.drain(self.write_timeout)
 
+    @property
+    def behind(self) -> bool:
+        """The reader has not yet taken what it was sent (adaptive merging: answer.py)."""
+        return self.conn.behind
+
+    async def settle(self) -> bool:
+        return await self.conn.settle(self.write_timeout)
+
     async def ping(self) -> bool:
         if self.conn.closing or not self.session.send_ping():
             return False
@@ -128,7 +138,7 @@ async def websocket(ctx: Context, ex: Exchange) -> None:
         return  # the client left before asking anything
     ws.listen(job)
     async with Answer(ctx.answers, job, "/ws", early=Early.SAID_STOP, naive=False) as answer:
-        await answer.relay(ws.deliver, ws.ping)
+        await answer.relay(ws.deliver, ws.ping, merging=ctx.config.merging(ws.interval), outlet=ws)
     ex.end_stream()
     ws.send_text(json.dumps({"done": True}))
     await ws.close(1000)
@@ -145,4 +155,5 @@ async def first_request(ctx: Context, ws: WebSocket) -> Job | None:
         return None
     body = json_object(first, "the first message")  # ProtocolError: a close 1008
     prompt, params = plain_request(body)  # InvalidRequest: a close 1008 with the status our endpoints give
+    ws.interval = stream_interval(body)
     return await ctx.backend.open(Prompt(prompt), params)
