@@ -18,6 +18,7 @@ from streaming.generation.job import Job
 from streaming.server.answer import Answer, Answers, Early
 from streaming.server.exchange import Exchange, Progress
 from streaming.server.metrics import Metrics
+from streaming.server.resumable.encodings import Article
 from streaming.server.state import Phase, ServerState
 from streaming.wire.errors import InvalidRequest, ProtocolError
 from streaming.wire.http11 import END, Request, ResponseReader
@@ -371,7 +372,7 @@ def test_the_pump_waits_for_its_readers_and_goes_on_when_one_reads_elsewhere():
         a, _ = answers(naive=naive)
         job = ScriptedJob(["x"] * 10_000, every=0.0005).start()  # (still generating throughout)
         rec = Recording("S", job)
-        task = asyncio.create_task(pumping.pump(a, rec))
+        task = asyncio.create_task(pumping.pump(a, rec, Article()))
         await until(lambda: job.produced > pumping.UNREAD + 150)  # well past the mark
         held = len(rec.events)  # nobody has been sent anything
         rec.read_elsewhere(10.0, 100)  # a reader on another replica has had 100 events

@@ -165,8 +165,9 @@ def test_anthropic_takes_ignore_eos_as_chat_completions_does(servers):
     from streaming.wire.anthropic import Anthropic
     from streaming.wire.openai import OpenAI
 
-    body = {"max_tokens": 40, "messages": MESSAGES, "ignore_eos": True}
-    assert Anthropic().parse(body).params.ignore_eos and OpenAI().parse(body).params.ignore_eos
+    body = {"max_tokens": 40, "messages": MESSAGES}
+    assert Anthropic().parse(dict(body, ignore_eos=True)).params.ignore_eos
+    assert OpenAI().parse(dict(body, ignore_eos=True)).params.ignore_eos
     assert not Anthropic().parse(dict(body, ignore_eos=False)).params.ignore_eos
     r = an(servers["plain"].port).messages.create(model="x", extra_body={"ignore_eos": True}, **body)
     c = oa(servers["plain"].port).chat.completions.create(model="x", extra_body={"ignore_eos": True}, **body)
