@@ -315,7 +315,7 @@ def test_openai_sdk_completions_whole_and_streamed_give_the_servers_text(servers
 def test_openai_sdk_chat_stream_accumulates_two_tool_calls(servers):
     got = node("openai_chat_tools", servers["echo"].port, messages=[{"role": "user", "content": TWO}], tools=TOOLS)
     assert got["error"] is None, got
-    assert got["finish_reason"] == "tool_calls" and got["text"] == got["final_text"] == "Both.\n"
+    assert got["finish_reason"] == "tool_calls" and got["text"] == got["final_text"] == "Both."
     assert [(c["name"], c["input"]) for c in got["calls"]] == [
         ("get_weather", {"city": "Paris"}),
         ("get_weather", {"city": "Rome"}),
@@ -349,13 +349,13 @@ def test_anthropic_sdk_final_message_has_the_tool_use_blocks_and_their_inputs(se
         "anthropic_messages_stream", servers["echo"].port, messages=messages, tools=ANTHROPIC_TOOLS, max_tokens=120
     )
     assert got["error"] is None, got
-    assert got["finish_reason"] == "tool_use" and got["blocks"] == ["text", "tool_use", "text", "tool_use"]
+    assert got["finish_reason"] == "tool_use" and got["blocks"] == ["text", "tool_use", "tool_use"]
     assert [(c["name"], c["input"]) for c in got["calls"]] == [
         ("get_weather", {"city": "Paris"}),
         ("get_weather", {"city": "Rome"}),
     ]
     assert all(c["id"].startswith("toolu_") for c in got["calls"])
-    assert got["text"] == got["final_text"] == "Both.\n" and got["input_json_deltas"] > 2
+    assert got["text"] == got["final_text"] == "Both." and got["input_json_deltas"] > 2
     assert got["event_types"]["content_block_start"] == got["event_types"]["content_block_stop"] == 4
 
 

@@ -197,3 +197,35 @@ def test_completions_stop_strings_and_the_default_length(servers):
 def test_completions_refuse_what_they_do_not_do_with_a_400(servers, body, param):
     r = httpx.post(f"http://127.0.0.1:{servers['plain'].port}/v1/completions", json=body, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"] == param
+
+
+def test_a_taker_goes_on_with_a_call_cut_in_the_middle():
+    """The generator died inside a tool call: the taker's reader, replayed with the answer so
+    far, continues the same call (its arguments, its end), numbered on."""
+    from streaming.server.resumable.encodings import ResponsesEvents, of_events, parsed
+    from streaming.server.resumable.recordings import Recording
+    from streaming.wire.tools import openai_tools
+
+    tools = openai_tools({"tools": [{"type": "function", "function": {"name": "get_weather"}}]})
+    before = ["Hi", "<tool_call>", '\n{"name": "get_weather", "arguments": {"ci']
+    after = ['ty": "Paris"}}\n', "</tool_call>"]
+    rec = Recording("S", None)
+    enc = ResponsesEvents.new("S", "m", tools)
+    enc.open(rec)
+    for piece in before:
+        enc.piece(rec, piece)
+    taker = of_events(rec, "".join(before))  # what a replica that takes over rebuilds
+    for piece in after:
+        taker.piece(rec, piece)
+    taker.done(rec, "eos", 3, 9)
+    evs = [json.loads(data) for _, data in parsed(rec)]
+    assert [e["sequence_number"] for e in evs] == list(range(len(evs)))
+    final = evs[-1]["response"]
+    assert evs[-1]["type"] == "response.completed" and [o["type"] for o in final["output"]] == [
+        "message",
+        "function_call",
+    ]
+    assert (
+        json.loads(final["output"][1]["arguments"]) == {"city": "Paris"}
+        and final["output"][0]["content"][0]["text"] == "Hi"
+    )

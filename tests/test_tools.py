@@ -90,12 +90,12 @@ def test_anthropic_tool_use_blocks_and_input_json_deltas(servers):
         evs = list(s)
         final = s.get_final_message()
     assert final.stop_reason == "tool_use"
-    assert [b.type for b in final.content] == ["text", "tool_use", "text", "tool_use"]
+    assert [b.type for b in final.content] == ["text", "tool_use", "tool_use"]  # (no blank block between calls)
     assert [b.input for b in final.content if b.type == "tool_use"] == [{"city": "Paris"}, {"city": "Rome"}]
     assert all(b.id.startswith("toolu_") for b in final.content if b.type == "tool_use")
     starts = [e.index for e in evs if e.type == "content_block_start"]
     stops = [e.index for e in evs if e.type == "content_block_stop"]
-    assert starts == stops == [0, 1, 2, 3]
+    assert starts == stops == [0, 1, 2]
     assert any(e.type == "content_block_delta" and e.delta.type == "input_json_delta" for e in evs)
     whole = client.messages.create(model="m", max_tokens=120, messages=messages, tools=ANTHROPIC_TOOLS)
 
@@ -105,7 +105,7 @@ def test_anthropic_tool_use_blocks_and_input_json_deltas(servers):
     assert (
         texts_and_calls(whole.content)
         == texts_and_calls(final.content)
-        == ("Both.\n", [{"city": "Paris"}, {"city": "Rome"}])
+        == ("Both.", [{"city": "Paris"}, {"city": "Rome"}])
     )
     turn = [
         *messages,
@@ -229,7 +229,7 @@ def test_an_upstreams_calls_are_relayed_in_the_readers_format(front):
         {"city": "Paris"},
         {"city": "Rome"},
     ]
-    assert r.choices[0].message.content == "Both.\n" and r.choices[0].finish_reason == "tool_calls"
+    assert r.choices[0].message.content == "Both." and r.choices[0].finish_reason == "tool_calls"
     with oa(front.port).responses.stream(model="m", input=SAY, tools=RESPONSES_TOOLS, max_output_tokens=80) as s:
         out = s.get_final_response().output
     assert [o.type for o in out] == ["message", "function_call"] and json.loads(out[1].arguments) == {"city": "Paris"}
@@ -303,3 +303,18 @@ def test_an_upstreams_call_deltas_become_the_text_the_reader_reads_back():
         ("get_weather", {"city": "Rome"}),
         ("noop", {}),
     ]
+
+
+def test_whitespace_between_calls_is_no_text_but_text_after_a_call_is():
+    from streaming.wire.answers import AnswerStream
+    from streaming.wire.tools import openai_tools
+
+    out = AnswerStream([], openai_tools({"tools": TOOLS}))
+    for piece in [call("Paris"), "\n", call("Rome"), "\n\nDone", " now.\n"]:
+        out.push(piece)
+    out.flush()
+    assert [json.loads(c.arguments)["city"] for c in out.calls] == ["Paris", "Rome"] and out.text == "\n\nDone now.\n"
+    tail = AnswerStream([], openai_tools({"tools": TOOLS}))
+    tail.push(call("Oslo") + "\n")
+    tail.flush()
+    assert tail.text == "" and len(tail.calls) == 1  # whitespace at the end is no text either

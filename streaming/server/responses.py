@@ -91,4 +91,6 @@ async def resume(ctx: Context, ex: Exchange, last: str) -> None:
     if found is None:
         raise not_found("resp_" + stream_id)
     rec, k = found
+    if not rec.events[0].startswith(b"event: response.created"):  # a GET /stream stream: not a response
+        raise not_found("resp_" + stream_id)
     await follow(ctx, ex, rec, -1 if everything else k)

@@ -51,6 +51,9 @@ class AnswerStream:
         self.parts: list[str] = []  # the text, when collecting a whole answer
         self.calls: list[Call] = []
         self.args: list[list[str]] = []
+        # Whitespace after a call is held: only text that is more than whitespace goes out with
+        # it, so parallel calls have no "\n" text between them (an empty content, a blank block).
+        self.after_call, self.gap = False, ""
 
     @property
     def matched(self) -> str | None:
@@ -90,10 +93,15 @@ class AnswerStream:
             if self.matched is not None:
                 break
             if isinstance(e, Text):
-                out.append(self.say(self.matcher.push(e.text)))
+                if self.after_call and not e.text.strip():  # between calls ("</tool_call>\n<tool_call>"): held
+                    self.gap += e.text
+                    continue
+                text, self.gap, self.after_call = self.gap + e.text, "", False
+                out.append(self.say(self.matcher.push(text)))
                 continue
             held = self.matcher.flush()  # text before a call was not a stop string after all
             out.append(self.say(held))
+            self.gap, self.after_call = "", isinstance(e, CallEnd)  # (whitespace before a call is dropped)
             if isinstance(e, CallStart):
                 self.calls.append(Call(e.id, e.name, "", False))
                 self.args.append([])

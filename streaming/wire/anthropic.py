@@ -16,7 +16,7 @@ from streaming.wire import sse
 from streaming.wire.apis import ApiRequest, Call, Finish, kind_of, stops
 from streaming.wire.errors import InvalidRequest, ProtocolError
 from streaming.wire.params import MAX_SEED, MAX_TOKENS, GenerationParams, number, unicode
-from streaming.wire.tools import anthropic_tools, call_arguments
+from streaming.wire.tools import anthropic_tools, call_arguments, call_name
 
 TOOL_BLOCKS = ("tool_use", "tool_result")
 
@@ -46,7 +46,11 @@ def turn(role: str, content: Any, where: str) -> list[dict[str, Any]]:
             arguments = call_arguments(b.get("input", {}), at + ".input")
             call_id = b["id"] if isinstance(b.get("id"), str) else f"toolu_{k}"
             calls.append(
-                {"id": call_id, "type": "function", "function": {"name": b["name"], "arguments": json.dumps(arguments)}}
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": call_name(b["name"], at + ".name"), "arguments": json.dumps(arguments)},
+                }
             )
         elif kind == "tool_result" and role == "user":
             result = b.get("content", "")

@@ -21,7 +21,7 @@ from streaming.wire.apis import ApiRequest, Call, Finish, kind_of, stops
 from streaming.wire.errors import InvalidRequest, ProtocolError
 from streaming.wire.params import MAX_SEED, MAX_TOKENS, GenerationParams, number, stream_interval, unicode
 from streaming.wire.toolcalls import CALL_CLOSE, CALL_OPEN
-from streaming.wire.tools import call_arguments, openai_tools
+from streaming.wire.tools import call_arguments, call_name, openai_tools
 
 OBFUSCATION_ALPHABET = string.ascii_letters + string.digits
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -54,7 +54,10 @@ def tool_calls_of(value: Any, where: str) -> list[dict[str, Any]]:
             {
                 "id": call_id,
                 "type": "function",
-                "function": {"name": function["name"], "arguments": json.dumps(arguments)},
+                "function": {
+                    "name": call_name(function["name"], f"{where}[{k}].function.name"),
+                    "arguments": json.dumps(arguments),
+                },
             }
         )
     return calls
@@ -281,8 +284,8 @@ def read_chunk(data: str) -> Chunk:
         text = delta.get("content") if isinstance(delta, dict) else choice.get("text")  # (a text completion's chunk)
         if isinstance(text, str):
             texts.append(text)
-        if isinstance(delta, dict) and any(v for k, v in delta.items() if k != "role"):
-            alive = True
+        if (isinstance(delta, dict) and any(v for k, v in delta.items() if k != "role")) or text:
+            alive = True  # (a text completion's chunk has no delta: its text is what says so)
         if isinstance(delta, dict) and isinstance(delta.get("tool_calls"), list):
             calls += [c for c in map(call_delta, delta["tool_calls"]) if c is not None]
         finish = choice.get("finish_reason") or finish

@@ -39,7 +39,7 @@ from streaming.wire import sse
 from streaming.wire.apis import ApiRequest, Call, Finish, kind_of
 from streaming.wire.errors import InvalidRequest, ProtocolError
 from streaming.wire.params import MAX_SEED, MAX_TOKENS, GenerationParams, number, unicode
-from streaming.wire.tools import Tools, call_arguments, openai_tools
+from streaming.wire.tools import Tools, call_arguments, call_name, openai_tools
 
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 TEXT_PARTS = ("input_text", "output_text", "text")  # a message's content parts that are text
@@ -68,15 +68,17 @@ def input_messages(value: Any) -> list[dict[str, Any]]:
         kind = item.get("type", "message") if isinstance(item, dict) else type(item).__name__
         if kind == "function_call" and isinstance(item.get("name"), str):
             arguments = call_arguments(item.get("arguments", "{}"), f"input[{i}].arguments")
-            call = {"id": str(item.get("call_id", "")), "type": "function"}
-            call["function"] = {"name": item["name"], "arguments": json.dumps(arguments)}  # type: ignore[assignment]
+            call_id = item["call_id"] if isinstance(item.get("call_id"), str) else ""
+            name = call_name(item["name"], f"input[{i}].name")
+            call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
             if not chat or chat[-1]["role"] != "assistant":
                 chat.append({"role": "assistant", "content": ""})
             chat[-1].setdefault("tool_calls", []).append(call)
             continue
         if kind == "function_call_output":
             output = content_text(item.get("output", ""), f"input[{i}].output")
-            chat.append({"role": "tool", "content": output, "tool_call_id": str(item.get("call_id", ""))})
+            call_id = item["call_id"] if isinstance(item.get("call_id"), str) else ""
+            chat.append({"role": "tool", "content": output, "tool_call_id": call_id})
             continue
         if kind != "message":
             raise InvalidRequest(
@@ -84,7 +86,7 @@ def input_messages(value: Any) -> list[dict[str, Any]]:
                 f" not {str(kind)[:40]!r}",
                 f"input[{i}]",
             )
-        role = ROLES.get(item.get("role"))
+        role = ROLES.get(item["role"]) if isinstance(item.get("role"), str) else None
         if role is None:
             raise InvalidRequest(f"input[{i}].role must be user, assistant, system or developer", f"input[{i}].role")
         chat.append({"role": role, "content": content_text(item.get("content"), f"input[{i}].content")})
@@ -109,10 +111,12 @@ def tools_of(body: dict[str, Any]) -> Tools:
 
 
 def echo(tools: Tools | None) -> tuple[list[dict[str, Any]], Any]:
-    """The tools and tool_choice as a response object states them (flat function tools)."""
+    """The tools and tool_choice as a response object states them: each function tool by its
+    name only (its schema would be copied into three events of every recorded stream: a 1 MiB
+    request's tools in 256 kept streams is most of a gigabyte)."""
     if tools is None or not tools.specs:
         return [], "none"
-    flat = [{"type": "function", **spec["function"]} for spec in tools.specs]
+    flat = [{"type": "function", "name": spec["function"]["name"]} for spec in tools.specs]
     choice: Any = {"type": "function", "name": tools.name} if tools.name else tools.choice
     return flat, choice
 

@@ -88,7 +88,8 @@ def openai_tools(body: dict[str, Any]) -> Tools:
         specs.append(
             spec(function.get("name"), function.get("description"), function.get("parameters"), where, "parameters")
         )
-    parallel = body.get("parallel_tool_calls", True)
+    parallel = body.get("parallel_tool_calls")
+    parallel = True if parallel is None else parallel  # (null is the default, as OpenAI takes it)
     if not isinstance(parallel, bool):
         raise InvalidRequest("parallel_tool_calls must be true or false", "parallel_tool_calls")
     tools = Tools(unique(specs), parallel=parallel)
@@ -157,4 +158,15 @@ def call_arguments(arguments: Any, param: str) -> dict[str, Any]:
             raise InvalidRequest(f"{param} must be a JSON object's text", param) from None
     if not isinstance(arguments, dict):
         raise InvalidRequest(f"{param} must be a JSON object", param)
+    try:  # the template prints it: text a tokenizer takes (no lone surrogates), not too deep
+        json.dumps(arguments, ensure_ascii=False, allow_nan=False).encode("utf-8")
+    except (ValueError, UnicodeEncodeError, RecursionError):
+        raise InvalidRequest(f"{param} cannot be printed as JSON text", param) from None
     return arguments
+
+
+def call_name(name: Any, param: str) -> str:
+    """The name of a call in a conversation's history: a tool's name, as both APIs define it."""
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise InvalidRequest(f"{param} must be 1 to 64 letters, digits, _ or -", param)
+    return name

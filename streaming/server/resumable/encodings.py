@@ -150,7 +150,8 @@ def of_events(rec: Recording, answer_text: str = "") -> Article | ResponsesEvent
     stream = ResponsesStream.resume([json.loads(data) for _, data in events])
     enc = ResponsesEvents(stream, calling=bool(stream.tools) and stream.tool_choice != "none")
     if enc.out.parser is not None and answer_text:
-        replay = AnswerStream([], calling=True, prefill=answer_text)  # the same reader, the same text: the same state
+        replay = AnswerStream([], calling=True)  # the same reader fed the same text: the same state
+        replay.push(answer_text)
         enc.out.parser, enc.out.calls, enc.out.args = replay.parser, replay.calls, replay.args
     return enc
 

@@ -143,6 +143,12 @@ class Takeover:
             except (RedisError, OSError) as e:
                 self.store.failed(f"following {rec.id}", e)
                 await asyncio.sleep(RETRY)
+            except Exception as e:  # noqa: BLE001 - a stream that cannot go on ends with an error, never hangs
+                print(f"stream {rec.id}: taking it over failed: {e!r}", flush=True)
+                await self.store.redis.delete(key("l", rec.id))
+                if not rec.ended:
+                    broken(rec, LOST)
+                return
 
     async def take_over(self, rec: Recording) -> bool:
         """Take over a stream whose generator's lease expired; whether this replica did."""
