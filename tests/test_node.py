@@ -356,7 +356,7 @@ def test_anthropic_sdk_final_message_has_the_tool_use_blocks_and_their_inputs(se
     ]
     assert all(c["id"].startswith("toolu_") for c in got["calls"])
     assert got["text"] == got["final_text"] == "Both." and got["input_json_deltas"] > 2
-    assert got["event_types"]["content_block_start"] == got["event_types"]["content_block_stop"] == 4
+    assert got["event_types"]["content_block_start"] == got["event_types"]["content_block_stop"] == 3
 
 
 def test_openai_sdk_responses_function_call_items_streamed_whole_and_resumed(servers):
