@@ -21,7 +21,7 @@ from streaming.server.exchange import Exchange
 from streaming.server.resumable.encodings import ResponsesEvents
 from streaming.server.resumable.endpoints import follow
 from streaming.server.resumable.recordings import EVENT_NUMBER, valid_id
-from streaming.server.v1 import model_id, prompt_of, route_format, whole
+from streaming.server.v1 import model_id, prompt_of, reader_prefill, route_format, whole
 from streaming.wire.errors import InvalidRequest, ProtocolError
 from streaming.wire.responses import ResponsesStream
 
@@ -43,7 +43,7 @@ async def create(ctx: Context, ex: Exchange) -> None:
         await whole(ctx, ex, fmt, api, job)
         return
     model = model_id(ctx)
-    start = job.prompt.prefill if job.prompt is not None and ctx.backend.pool is None else ""  # (as v1.answer_stream)
+    start = reader_prefill(ctx, job)
     rec = ctx.streams.open(job, lambda sid: ResponsesEvents.new(sid, model, api.tools, start), path="/v1/responses")
     rec.background = api.background
     await follow(ctx, ex, rec, -1)

@@ -55,11 +55,14 @@ async def answer(ctx: Context, ex: Exchange) -> None:
 def answer_stream(
     ctx: Context, fmt: Format, api: ApiRequest, job: Job, enc: StreamEncoder | None = None
 ) -> AnswerStream:
-    """The reader of this answer's text and tool calls. A local model continues the prompt's
-    prefill (a required call's opening), so the reader starts with it; an upstream is asked
-    with tool_choice instead, and its calls come whole."""
-    start = job.prompt.prefill if job.prompt is not None and ctx.backend.pool is None else ""
-    return AnswerStream(api.stop, api.tools, enc, id_prefix(fmt), prefill=start)
+    """The reader of this answer's text and tool calls, starting from its prefill."""
+    return AnswerStream(api.stop, api.tools, enc, id_prefix(fmt), prefill=reader_prefill(ctx, job))
+
+
+def reader_prefill(ctx: Context, job: Job) -> str:
+    """What the answer's reader starts from: a local model's prefill (an upstream is asked with
+    tool_choice instead, and its calls come whole)."""
+    return job.prompt.prefill if job.prompt is not None and ctx.backend.pool is None else ""
 
 
 def id_prefix(fmt: Format) -> str:

@@ -57,8 +57,7 @@ class Completions:
                 raise InvalidRequest(f"{name} is not supported", name)
         if body.get("echo") is True:
             raise InvalidRequest("echo is not supported", "echo")
-        if number(body, "n", 1, 1, 1, True, none_is_default=True) != 1:  # (number() refuses anything else)
-            raise InvalidRequest("n must be 1", "n")
+        number(body, "n", 1, 1, 1, True, none_is_default=True)  # n must be 1 (or absent): a 400 naming it
         params = GenerationParams(
             max_tokens=number(body, "max_tokens", DEFAULT_MAX_TOKENS, 1, MAX_TOKENS, True, none_is_default=True),
             seed=number(body, "seed", 0, 0, MAX_SEED, True, none_is_default=True),

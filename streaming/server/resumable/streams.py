@@ -18,7 +18,7 @@ from streaming.generation.backend import Backend
 from streaming.generation.job import Job
 from streaming.server.answer import Answers
 from streaming.server.resumable.control import Control
-from streaming.server.resumable.encodings import Article, Encoding, of_events
+from streaming.server.resumable.encodings import Article, Encoding
 from streaming.server.resumable.mirror import Mirror
 from streaming.server.resumable.pump import pump
 from streaming.server.resumable.recordings import Recording, Recordings, parse_event_id
@@ -82,10 +82,9 @@ class Streams:
         self.pump(rec, enc, path)
         return rec
 
-    def pump(self, rec: Recording, enc: Encoding | None = None, path: str = "/stream") -> None:
-        """Start moving a recording's job into it, in a task that outlives its readers (a stream
-        taken over goes on in the format its events so far are in)."""
-        enc = enc if enc is not None else of_events(rec)
+    def pump(self, rec: Recording, enc: Encoding, path: str = "/stream") -> None:
+        """Start moving a recording's job into it, in `enc`'s format, in a task that outlives its
+        readers (a stream taken over: the encoding its taker rebuilt from its events)."""
         self.answers.state.spawn(pump(self.answers, rec, enc, path), name=f"pump {rec.id}")
 
     def detach(self, rec: Recording, grace: float | None) -> None:
