@@ -67,6 +67,7 @@ CONFIGS = {  # this server's settings to compare: name -> options
     "qoe": ["--schedule", "qoe"],
     "fifo+int8": ["--schedule", "fifo", "--quantize", "int8"],
     "qoe+int8": ["--schedule", "qoe", "--quantize", "int8"],
+    "qoe+bf16": ["--schedule", "qoe", "--quantize", "bf16"],  # a float32 model's weights in bfloat16 where faster
     "qoe+linear": ["--schedule", "qoe", "--kernels", "linear"],  # F.linear everywhere: what kernels.py gains
 }
 PEER = "transformers serve"
@@ -226,10 +227,12 @@ def run(args, servers: dict, tok) -> dict:
         requests = workload(kind, x, args.seconds, seed=int(100 * x) + 1)
         for name in names if i % 2 == 0 else names[::-1]:  # each load on one then the other, alternating
             s = servers[name]
+            before = engine_counts(s)
             results, wall = asyncio.run(drive(s["port"], requests, s["ours"], s["model"]))
             f = figures(requests, results, wall, tok)
             if kind == "single":
                 f["single_tokens_per_s"] = single_rate(results[0])
+                f |= lone_step(before, engine_counts(s), f["single_tokens_per_s"])
             out[name][f"{kind} {x:g}"] = f
             print(
                 f"  {label(kind, x):20s} {name:32s} {f['qoe_mean']:.3f}  {f['qoe_p10']:.2f}  {f['qoe_share_95']:.2f}"
@@ -243,7 +246,43 @@ def run(args, servers: dict, tok) -> dict:
                 ),
                 flush=True,
             )
+            if f.get("step_ms"):
+                print(
+                    f"  {'':20s} {'':32s} the model's step {f['step_ms']:.1f} ms (forward {f['forward_ms']:.1f}),"
+                    f" the reader's gap {f['gap_ms']:.1f} ms: {f['gap_ms'] / f['step_ms']:.3f}x the step",
+                    flush=True,
+                )
     return out
+
+
+def engine_counts(server: dict) -> dict | None:
+    """This server's engine counters (/metrics.json: steps, their seconds, the parts), or None
+    for the peer or an engine without them."""
+    if not server["ours"]:
+        return None
+    m = asyncio.run(client.get_json("/metrics.json", "127.0.0.1", server["port"]))
+    return m if "steps" in m else None
+
+
+def lone_step(before: dict | None, after: dict | None, rate: float | None) -> dict:
+    """A lone reader's mean gap against the engine's own mean step over the same answer (issue
+    22 §2: a lone stream's gap should be within 10% of the model's step): what the event loop,
+    the hand-off and the wire add to the model."""
+    if before is None or after is None or not rate:
+        return {}
+    steps = after["steps"] - before["steps"]
+    if steps <= 0:
+        return {}
+    parts = {
+        k: after["step_parts_seconds"][k] - before["step_parts_seconds"].get(k, 0.0)
+        for k in after["step_parts_seconds"]
+    }
+    return {
+        "steps": steps,
+        "step_ms": 1000 * (after["step_seconds"] - before["step_seconds"]) / steps,
+        "forward_ms": 1000 * parts["forward"] / steps,
+        "gap_ms": 1000 / rate,
+    }
 
 
 def headlines(by_server: dict) -> dict:

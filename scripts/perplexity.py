@@ -74,13 +74,19 @@ def main() -> None:
     p.add_argument("--texts", type=int, default=20)
     p.add_argument("--results", default=str(ROOT / "results"))
     args = p.parse_args()
-    lm.configure(args, quantize="none")
+    # Plain Linear layers (no kernel tables): quantize() replaces torch Linears only, and every
+    # product of a mode must go through its kernel (with measured tables the layers were already
+    # wrapped, nothing was quantized, and every mode scored as the dense model).
+    args.quantize, args.kernels = "none", "linear"
+    lm.configure(args)
     pairs = texts(args.texts)
     dense = lm.model()
     rows = {}
     for mode in args.modes:
         t0 = time.perf_counter()
         m = quant.quantize(copy.deepcopy(dense), mode, dense_from=1 << 30) if mode != "none" else dense
+        if mode != "none" and not any(isinstance(x, quant.QuantLinear) for x in m.modules()):
+            raise SystemExit(f"--quantize {mode} replaced no layer: nothing to measure")
         took = time.perf_counter() - t0
         rows[mode] = {"perplexity": round(perplexity(m, pairs), 4), "decode_ms": round(decode_ms(m), 1)}
         rows[mode]["quantize_s"] = round(took, 2)

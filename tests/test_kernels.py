@@ -138,3 +138,36 @@ def test_a_batch_running_a_kernel_gives_each_row_its_tokens_alone_with_that_kern
 
     alone, together = asyncio.run(run())
     assert all(alone) and together == alone
+
+
+def test_the_bf16_weights_of_a_float32_model_compute_its_product_within_bfloat16s_rounding():
+    """--quantize bf16: a float32 layer's weights (and rows) rounded to bfloat16, the product widened
+    back; a candidate beside the dense kernels at every row count, cut by rows for timing."""
+    plain = layer(torch.float32)
+    q = quant.QuantLinear(plain, "bf16")
+    assert q.wh.dtype == torch.bfloat16 and q.candidates(1) == ["linear", "xwt", "bf16"]
+    for rows in (1, 2, 7, 64):
+        x = torch.randn(rows, 96)
+        want = plain(x)
+        got = q.run("bf16", x)
+        assert got.dtype == torch.float32 and (got - want).abs().max() <= TOLERANCE[torch.bfloat16] * want.abs().max()
+    piece = q.part(40)
+    assert piece is not None and piece.wh.shape == (40, 96) and piece.run("bf16", x).shape == (64, 40)
+    with pytest.raises(ValueError, match="float32"):
+        quant.QuantLinear(layer(torch.bfloat16), "bf16")
+
+
+def test_a_batch_through_the_bf16_weights_gives_each_row_its_tokens_alone_through_them():
+    net = quant.quantize(tiny_model(lm.load_tokenizer()).to(torch.float32).eval(), "bf16", dense_from=1 << 30)
+    assert all(m.fixed == "bf16" for m in net.modules() if isinstance(m, quant.QuantLinear))
+    model = model_of(net)
+    ids = [lm.tok(p).input_ids for p in PROMPTS]
+
+    async def run():
+        alone = [await drain(ThreadJob(ids[i], params(i), model=model).start()) for i in range(len(PROMPTS))]
+        e = BatchEngine(model, max_batch=4)
+        together = await asyncio.gather(*(drain(BatchedJob(e, ids[i], params(i)).start()) for i in range(len(PROMPTS))))
+        return alone, list(together)
+
+    alone, together = asyncio.run(run())
+    assert all(alone) and together == alone

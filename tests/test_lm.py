@@ -112,14 +112,20 @@ def test_unknown_quantization_lists_the_choices():
         Model(Choice("tiny")).choose(quantize="int2")
 
 
+def test_bf16_weights_are_for_a_float32_model_only():
+    with pytest.raises(lm.ModelError, match="float32"):
+        assert Model(Choice("tiny", device="cpu", dtype="bfloat16", quantize="bf16")).net
+
+
 def test_the_choice_is_fixed_once_the_model_is_in_use():
     lm.tok("x")  # the process's tokenizer is loaded: its model can no longer change
     with pytest.raises(lm.ModelError, match="before the model or tokenizer is first used"):
         lm.configure(model="exact")
 
 
-@pytest.mark.parametrize("mode", ["int8", "int4"])
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize(
+    ("mode", "dtype"), [(m, d) for m in ("int8", "int4") for d in ("float32", "bfloat16")] + [("bf16", "float32")]
+)
 def test_quantization_uses_the_weight_only_kernels_and_generates_the_same_way_every_time(mode, dtype):
     code = (
         "import lm\n"
@@ -134,13 +140,17 @@ def test_quantization_uses_the_weight_only_kernels_and_generates_the_same_way_ev
 
 
 @pytest.mark.bundled
-def test_int8_keeps_the_bundled_models_perplexity_within_two_percent(tmp_path):
-    """scripts/perplexity.py on 4 of prompts.json's human continuations (every product through
-    the int8 kernel): within 2% of the dense model (all 20 texts measured +0.3% here)."""
-    args = ["--model", "bundled", "--texts", "4", "--modes", "none", "int8", "--results", str(tmp_path)]
+def test_quantization_keeps_the_bundled_models_perplexity_within_two_percent(tmp_path):
+    """scripts/perplexity.py on 2 of prompts.json's human continuations (every product through the
+    mode's kernel): within 2% of the dense model. The mode this machine's default dtype runs fast:
+    int8 where bfloat16 is native (all 20 texts measured +0.3%), bf16 weights where the default is
+    float32 (+0.1%); int8 through torch's kernel on an AVX2 CPU takes a minute a text."""
+    dtype = str(Choice("bundled").torch_dtype()).removeprefix("torch.")
+    mode = "bf16" if dtype == "float32" else "int8"
+    args = ["--model", "bundled", "--texts", "2", "--modes", "none", mode, "--results", str(tmp_path)]
     run_script("scripts/perplexity.py", *args)
     modes = json.loads((tmp_path / "perplexity.json").read_text())["modes"]
-    assert abs(modes["int8"]["perplexity"] / modes["none"]["perplexity"] - 1) < 0.02, modes
+    assert abs(modes[mode]["perplexity"] / modes["none"]["perplexity"] - 1) < 0.02, modes
 
 
 def test_a_gguf_file_gets_a_cache_folder_keyed_by_its_path_size_and_time(tmp_path):

@@ -118,6 +118,8 @@ def load_net(choice: Choice, tokenizer: Any) -> Any:
 
     name, dtype, device = choice.model, choice.torch_dtype(), choice.device_name()
     check_model_name(name)
+    if choice.quantize == "bf16" and str(dtype) != "torch.float32":
+        raise ModelError(f"--quantize bf16 halves a float32 model's weights; this one is {dtype}: use --dtype float32")
     if name == "tiny":
         m = tiny_model(tokenizer)
     elif name == "exact":

@@ -7,7 +7,14 @@ kernels that multiply by them without widening the whole matrix first:
 
 - int8: `torch.ops.aten._weight_int8pack_mm(x, w_int8, scales)`;
 - int4: `torch.ops.aten._convert_weight_to_int4pack_for_cpu` once, then
-  `torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, group_size, scales_and_zeros)`.
+  `torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, group_size, scales_and_zeros)`;
+- bf16: for a float32 model (the default where the CPU has no native bfloat16, e.g. AVX2 only),
+  a bfloat16 copy of the weights, the rows rounded to bfloat16 too and the product widened back
+  (`F.linear(x.bfloat16(), w_bf16).float()`): half the bytes of float32. Measured on an AVX2 EPYC
+  at one row: 1.15 against 0.51 ms for 4864 x 896, 33.8 against 15.7 ms for the 151,936-row output
+  layer (the emulated bfloat16 product is still bound by the bytes it reads); every other
+  operation (norms, attention, softmax, the residual stream) stays float32. Prefills stay dense:
+  there emulated bfloat16 is 2x slower than float32.
 
 Whether they win depends on the machine: on an AVX-512 one (the bundled model in bfloat16, one
 decode step) 52 ms dense against 21 ms int8 at batch 1, but 146 against 116 ms at batch 32; on an
@@ -17,6 +24,8 @@ kernel at the row counts where it is faster, a dense one elsewhere (so `--quanti
 slower than dense, only larger). Memory: the dense weights plus half (int8) or a quarter (int4) more.
 
 Quantizing takes about 1.3 s for the 0.5B model, so it is done at every load rather than cached.
+The bf16 mode's rounding of the rows makes it a quantization of the activations as well as the
+weights (scripts/perplexity.py measures what it costs).
 Leaves out: activation quantization (the dynamic int8 of torch.ao, deprecated), and GPUs.
 """
 
@@ -30,7 +39,7 @@ from streaming.model.kernels import ROWS, ChosenLinear
 DENSE_FROM = 24  # until measured (--kernels linear): rows from which dense runs (AVX-512, bf16: 16 int8 wins, 32 dense)
 GROUP = 64  # int4: inputs per scale and offset (64 kept the perplexity closest of 32/64/128 for its bytes)
 INNER_K_TILES = 2  # int4 packing layout the CPU kernel takes
-MODES = ("none", "int8", "int4")
+MODES = ("none", "int8", "int4", "bf16")
 
 
 class QuantLinear(ChosenLinear):
@@ -42,6 +51,7 @@ class QuantLinear(ChosenLinear):
     scales: torch.Tensor
     w4: torch.Tensor  # int4: packed for the CPU kernel, a scale and offset per group
     scales_and_zeros: torch.Tensor
+    wh: torch.Tensor  # bf16: the weights in bfloat16
 
     def __init__(self, linear: torch.nn.Linear, mode: str, dense_from: int = DENSE_FROM) -> None:
         super().__init__(linear)
@@ -50,7 +60,11 @@ class QuantLinear(ChosenLinear):
         if dense_from >= 1 << 30:
             self.fixed = mode  # every call quantized (scripts/perplexity.py measures its quality)
         w = linear.weight.detach().to(torch.float32)
-        if mode == "int8":
+        if mode == "bf16":
+            if linear.weight.dtype != torch.float32:
+                raise ValueError("--quantize bf16 halves a float32 model's weights: use --dtype float32")
+            self.register_buffer("wh", linear.weight.detach().to(torch.bfloat16))
+        elif mode == "int8":
             scale = w.abs().amax(1).clamp(min=1e-8) / 127
             self.register_buffer("w8", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
             self.register_buffer("scales", scale.to(linear.weight.dtype))
@@ -65,18 +79,23 @@ class QuantLinear(ChosenLinear):
     def run(self, name: str, x: torch.Tensor) -> torch.Tensor:
         if name != self.mode:
             return super().run(name, x)
-        if self.mode == "int8":
+        if self.mode == "bf16":
+            y = torch.nn.functional.linear(x.to(torch.bfloat16), self.wh).to(x.dtype)
+        elif self.mode == "int8":
             y = torch.ops.aten._weight_int8pack_mm(x, self.w8, self.scales)
         else:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.w4, GROUP, self.scales_and_zeros)
         return y if self.bias is None else y + self.bias
 
     def part(self, n: int) -> ChosenLinear | None:
-        if self.mode != "int8":
+        if self.mode == "int4":
             return None  # int4's packed layout is not cut by rows: time the whole layer
         piece = super().part(n)
         assert isinstance(piece, QuantLinear)
-        piece.w8, piece.scales = self.w8[:n], self.scales[:n]
+        if self.mode == "bf16":
+            piece.wh = self.wh[:n]
+        else:
+            piece.w8, piece.scales = self.w8[:n], self.scales[:n]
         return piece
 
     def shape(self) -> tuple[object, ...]:
@@ -107,7 +126,7 @@ def quantize(model: torch.nn.Module, mode: str, dense_from: int = DENSE_FROM) ->
     kernels.wrap(
         model,
         lambda child: (
-            QuantLinear(child, mode, dense_from) if mode == "int8" or child.in_features % GROUP == 0 else None
+            QuantLinear(child, mode, dense_from) if mode != "int4" or child.in_features % GROUP == 0 else None
         ),
     )
     return model
