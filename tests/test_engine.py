@@ -226,6 +226,24 @@ def test_a_failed_step_fails_its_requests_not_the_engine():
     assert good and e.thread.is_alive()
 
 
+def test_a_call_runs_on_the_engines_own_thread_between_steps_and_brings_back_its_result_or_error():
+    """The model is loaded through BatchEngine.call (Backend.load), so torch's kernels run in the
+    thread that loaded them; a failed call is its caller's error and the engine goes on."""
+
+    def boom():
+        raise ValueError("no model here")
+
+    async def run():
+        e = BatchEngine(model_of(exact(torch.float32)), max_batch=2)
+        name = await asyncio.wrap_future(e.call(lambda: threading.current_thread().name))
+        with pytest.raises(ValueError, match="no model here"):
+            await asyncio.wrap_future(e.call(boom))
+        return name, await text(BatchedJob(e, ids(0), params(0, 5)).start()), e
+
+    name, out, e = asyncio.run(run())
+    assert name == "engine" == e.thread.name and out and e.thread.is_alive()
+
+
 # --- the server ------------------------------------------------------------------------------
 
 

@@ -95,9 +95,12 @@ class Backend:
         self.loaded = self.make is None or (model is not None and model.loaded)
 
     async def load(self, load: Callable[[], str]) -> str:
-        """Load the model (in a thread: the loop goes on answering /health and /ready); what
-        `load` says of it."""
-        said = await asyncio.to_thread(load)
+        """Load the model (in a thread: the loop goes on answering /health and /ready; the batched
+        engine's own, which runs its steps); what `load` says of it."""
+        if self.batch is not None:  # in the engine's thread, where its steps will run
+            said = await asyncio.wrap_future(self.batch.call(load))
+        else:
+            said = await asyncio.to_thread(load)
         self.loaded = True
         return said
 
