@@ -37,6 +37,7 @@ from streaming.model import kernels
 from streaming.model.kernels import ROWS, ChosenLinear
 
 DENSE_FROM = 24  # until measured (--kernels linear): rows from which dense runs (AVX-512, bf16: 16 int8 wins, 32 dense)
+BF16_DENSE_FROM = 4  # the same for bf16 weights (AVX2, float32: they win at 1-2 rows, lose 2x from 4)
 GROUP = 64  # int4: inputs per scale and offset (64 kept the perplexity closest of 32/64/128 for its bytes)
 INNER_K_TILES = 2  # int4 packing layout the CPU kernel takes
 MODES = ("none", "int8", "int4", "bf16")
@@ -56,6 +57,8 @@ class QuantLinear(ChosenLinear):
     def __init__(self, linear: torch.nn.Linear, mode: str, dense_from: int = DENSE_FROM) -> None:
         super().__init__(linear)
         self.mode = mode
+        if mode == "bf16" and dense_from < 1 << 30:
+            dense_from = min(dense_from, BF16_DENSE_FROM)
         self.table = [mode if n < dense_from else "linear" for n in ROWS]
         if dense_from >= 1 << 30:
             self.fixed = mode  # every call quantized (scripts/perplexity.py measures its quality)
