@@ -120,13 +120,8 @@ async def drain(job):
     return "".join(out)
 
 
-@pytest.mark.parametrize("name", sorted(kernels.KERNELS))
-def test_a_batch_running_a_kernel_gives_each_row_its_tokens_alone_with_that_kernel(name):
-    net = tiny_model(lm.load_tokenizer()).to(torch.float32).eval()
-    kernels.wrap(net)
-    for m in net.modules():
-        if isinstance(m, ChosenLinear):
-            m.fixed = name
+def alone_and_together(net):
+    """Each prompt's greedy text alone (the thread engine), then all of them in one batch."""
     model = model_of(net)
     ids = [lm.tok(p).input_ids for p in PROMPTS]
 
@@ -136,7 +131,17 @@ def test_a_batch_running_a_kernel_gives_each_row_its_tokens_alone_with_that_kern
         together = await asyncio.gather(*(drain(BatchedJob(e, ids[i], params(i)).start()) for i in range(len(PROMPTS))))
         return alone, list(together)
 
-    alone, together = asyncio.run(run())
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("name", sorted(kernels.KERNELS))
+def test_a_batch_running_a_kernel_gives_each_row_its_tokens_alone_with_that_kernel(name):
+    net = tiny_model(lm.load_tokenizer()).to(torch.float32).eval()
+    kernels.wrap(net)
+    for m in net.modules():
+        if isinstance(m, ChosenLinear):
+            m.fixed = name
+    alone, together = alone_and_together(net)
     assert all(alone) and together == alone
 
 
@@ -161,14 +166,5 @@ def test_the_bf16_weights_of_a_float32_model_compute_its_product_within_bfloat16
 def test_a_batch_through_the_bf16_weights_gives_each_row_its_tokens_alone_through_them():
     net = quant.quantize(tiny_model(lm.load_tokenizer()).to(torch.float32).eval(), "bf16", dense_from=1 << 30)
     assert all(m.fixed == "bf16" for m in net.modules() if isinstance(m, quant.QuantLinear))
-    model = model_of(net)
-    ids = [lm.tok(p).input_ids for p in PROMPTS]
-
-    async def run():
-        alone = [await drain(ThreadJob(ids[i], params(i), model=model).start()) for i in range(len(PROMPTS))]
-        e = BatchEngine(model, max_batch=4)
-        together = await asyncio.gather(*(drain(BatchedJob(e, ids[i], params(i)).start()) for i in range(len(PROMPTS))))
-        return alone, list(together)
-
-    alone, together = asyncio.run(run())
+    alone, together = alone_and_together(net)
     assert all(alone) and together == alone
