@@ -171,15 +171,15 @@ class BatchEngine:
                     self.lock.wait(0.05 if self.waiting else None)
                 calls = list(self.calls)
                 self.calls.clear()
-            for fn, done in calls:
-                try:
-                    done.set_result(fn())
-                except BaseException as e:  # noqa: BLE001 - the caller's to handle
-                    done.set_exception(e)
-            with self.lock:
-                if not (self.rows or self.joining or self.waiting.ready(self.clock())):
-                    continue
-                self.take_waiting()
+                if not calls:
+                    self.take_waiting()
+            if calls:  # between steps; then wait again for what there is to do
+                for fn, done in calls:
+                    try:
+                        done.set_result(fn())
+                    except BaseException as e:  # noqa: BLE001 - the caller's to handle
+                        done.set_exception(e)
+                continue
             try:
                 t0 = time.perf_counter()
                 with torch.inference_mode():

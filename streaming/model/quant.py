@@ -57,11 +57,11 @@ class QuantLinear(ChosenLinear):
     def __init__(self, linear: torch.nn.Linear, mode: str, dense_from: int = DENSE_FROM) -> None:
         super().__init__(linear)
         self.mode = mode
-        if mode == "bf16" and dense_from < 1 << 30:
-            dense_from = min(dense_from, BF16_DENSE_FROM)
-        self.table = [mode if n < dense_from else "linear" for n in ROWS]
         if dense_from >= 1 << 30:
             self.fixed = mode  # every call quantized (scripts/perplexity.py measures its quality)
+        elif mode == "bf16":
+            dense_from = min(dense_from, BF16_DENSE_FROM)
+        self.table = [mode if n < dense_from else "linear" for n in ROWS]
         w = linear.weight.detach().to(torch.float32)
         if mode == "bf16":
             if linear.weight.dtype != torch.float32:
