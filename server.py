@@ -234,7 +234,7 @@ def load():
     for _ in lm.tokens("Hello", 2):  # warm up, so the first request's time to first text is honest
         pass
     dtype = str(lm.dtype()).removeprefix("torch.")
-    dtype += ", int8 Linear layers" if lm.quantization() == "int8" else ""
+    dtype += f", {lm.quantization()} Linear layers" if lm.quantization() != "none" else ""
     took = time.perf_counter() - t0
     return f"model {lm.model_name()} on {lm.DEVICE} in {dtype}, ready in {took:.1f} s; kernels: {lm.kernels()}"
 

@@ -68,6 +68,7 @@ CONFIGS = {  # this server's settings to compare: name -> options
     "fifo+int8": ["--schedule", "fifo", "--quantize", "int8"],
     "qoe+int8": ["--schedule", "qoe", "--quantize", "int8"],
     "qoe+bf16": ["--schedule", "qoe", "--quantize", "bf16"],  # a float32 model's weights in bfloat16 where faster
+    "qoe+fp16": ["--schedule", "qoe", "--quantize", "fp16"],  # float16 weights through fbgemm, float32 arithmetic
     "qoe+linear": ["--schedule", "qoe", "--kernels", "linear"],  # F.linear everywhere: what kernels.py gains
 }
 PEER = "transformers serve"
@@ -79,6 +80,7 @@ GOALS = [
     ("readers served at least 2x the peer's", "readers_served", 2.0, "higher"),
     ("one reader at least 1.5x the peer's tokens/s", "single_tokens_per_s", 1.5, "higher"),
 ]
+STEADY_GOAL = 0.9  # steady Poisson load: at least 90% of the tokens/s a burst of as many readers gets (§3)
 
 
 def extra(ours: bool, tokens: int) -> dict:
@@ -149,6 +151,27 @@ def figures(requests, results, wall, tok) -> dict:
         "gap_p99": pct(gaps, 99),
         "tokens_per_s": sum(g or 0 for g in generated) / wall if wall else None,
         "wall_s": wall,
+        **at_once(requests, results, sum(g or 0 for g in generated)),
+    }
+
+
+def at_once(requests, results, tokens: int) -> dict:
+    """How many readers were served at once, on average, while any was (from each request's start
+    to its last arrival), over how many seconds, and the tokens a second over those seconds: what
+    a steady load is compared with a burst of as many readers by."""
+    spans = sorted(
+        (start, start + r.arrivals[-1])
+        for (start, _, _), r in zip(requests, results, strict=True)
+        if not isinstance(r, BaseException) and r.arrivals
+    )
+    busy, end = 0.0, float("-inf")
+    for a, b in spans:
+        if b > end:
+            busy, end = busy + b - max(a, end), b
+    return {
+        "readers_at_once": sum(b - a for a, b in spans) / busy if busy else 0.0,
+        "busy_s": busy,
+        "busy_tokens_per_s": tokens / busy if busy else None,
     }
 
 
@@ -252,7 +275,33 @@ def run(args, servers: dict, tok) -> dict:
                     f" the reader's gap {f['gap_ms']:.1f} ms: {f['gap_ms'] / f['step_ms']:.3f}x the step",
                     flush=True,
                 )
+    steady(servers, out, tok)
     return out
+
+
+def steady(servers: dict, out: dict, tok) -> None:
+    """§3's check: for each Poisson load on this server, a burst of as many readers as it served at
+    once (rounded) right after, and the ratio of the steady load's tokens a second (while busy)
+    to the burst's. The peer is not measured (the goal is this engine's)."""
+    for name, s in servers.items():
+        if not s["ours"]:
+            continue
+        for key, f in list(out[name].items()):
+            n = round(f["readers_at_once"]) if key.startswith("rate") else 0
+            if n < 2 or not f["busy_tokens_per_s"]:
+                continue
+            if f"burst {n}" not in out[name]:
+                requests = workload("burst", n, 0, seed=100 * n + 1)
+                results, wall = asyncio.run(drive(s["port"], requests, s["ours"], s["model"]))
+                out[name][f"burst {n}"] = figures(requests, results, wall, tok) | {"for_steady": True}
+            burst = out[name][f"burst {n}"]["tokens_per_s"]
+            f["steady_ratio"] = f["busy_tokens_per_s"] / burst if burst else None
+            print(
+                f"  steady {key.split()[1]}/s, {name}: {f['busy_tokens_per_s']:.1f} tokens/s with "
+                f"{f['readers_at_once']:.1f} readers at once ({f['busy_s']:.0f} s busy); a burst of {n}: "
+                f"{burst or 0:.1f} tokens/s -> {f['steady_ratio'] or 0:.2f}x (goal {STEADY_GOAL:.2f})",
+                flush=True,
+            )
 
 
 def engine_counts(server: dict) -> dict | None:
@@ -290,7 +339,10 @@ def headlines(by_server: dict) -> dict:
     out = {}
     for name, loads_ in by_server.items():
         rates = {float(k.split()[1]): f for k, f in loads_.items() if k.startswith("rate")}
-        bursts = {int(float(k.split()[1])): f for k, f in loads_.items() if k.startswith("burst")}
+        bursts = {
+            int(float(k.split()[1])): f for k, f in loads_.items() if k.startswith("burst") and not f.get("for_steady")
+        }
+        steady_ = [(r, f["steady_ratio"]) for r, f in sorted(rates.items()) if f.get("steady_ratio")]
         singles = [loads_[k]["single_tokens_per_s"] for k in ("single 0", "single 1") if loads_.get(k)]
         b48 = bursts.get(48, {})
         out[name] = {
@@ -302,6 +354,8 @@ def headlines(by_server: dict) -> dict:
             if any(singles)
             else None,
             "single_start_end": singles,
+            "steady_ratio": steady_[-1][1] if steady_ else None,  # at the most loaded rate measured
+            "steady_rate": steady_[-1][0] if steady_ else None,
         }
     return out
 
@@ -318,6 +372,13 @@ def compare(heads: dict) -> dict:
             f"one reader {singles} tokens/s (start, end)",
             flush=True,
         )
+        if h.get("steady_ratio"):
+            met = h["steady_ratio"] >= STEADY_GOAL
+            print(
+                f"    steady load ({h['steady_rate']:g}/s) at least {STEADY_GOAL:.0%} of a burst's tokens/s at as many "
+                f"readers: {h['steady_ratio']:.2f}x -> {'met' if met else 'NOT met'}",
+                flush=True,
+            )
         if them is None or name == PEER:
             continue
         verdicts[name] = {}
@@ -338,7 +399,11 @@ def plot(out, path):
     for name, loads_ in out["servers"].items():
         rates = sorted((float(k.split()[1]), f) for k, f in loads_.items() if k.startswith("rate"))
         a.plot([r for r, _ in rates], [f["qoe_mean"] for _, f in rates], "o-", label=name)
-        bursts = sorted((int(float(k.split()[1])), f) for k, f in loads_.items() if k.startswith("burst"))
+        bursts = sorted(
+            (int(float(k.split()[1])), f)
+            for k, f in loads_.items()
+            if k.startswith("burst") and not f.get("for_steady")
+        )
         b.plot([n for n, _ in bursts], [f["qoe_mean"] for _, f in bursts], "o-", label=name)
     for ax in (a, b):
         ax.axhline(0.95, color="gray", ls="--")

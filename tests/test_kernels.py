@@ -168,3 +168,43 @@ def test_a_batch_through_the_bf16_weights_gives_each_row_its_tokens_alone_throug
     assert all(m.fixed == "bf16" for m in net.modules() if isinstance(m, quant.QuantLinear))
     alone, together = alone_and_together(net)
     assert all(alone) and together == alone
+
+
+needs_fbgemm = pytest.mark.skipif(
+    not quant.fp16_available(), reason="fbgemm's float16 kernel: x86 builds of torch only"
+)
+
+
+@needs_fbgemm
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_fp16_weights_compute_the_product_within_float16s_rounding_in_float32_arithmetic(dtype):
+    """--quantize fp16: fbgemm's packed float16 copy of the weights; the rows stay as they are
+    (a bfloat16 model's are widened for it and the product rounded back), a candidate at every row
+    count, packed again when cut by rows for timing."""
+    plain = layer(dtype)
+    q = quant.QuantLinear(plain, "fp16")
+    assert q.candidates(1) == ["linear", "xwt", "fp16"] and q.candidates(16) == ["linear", "wxt", "fp16"]
+    assert q.table == ["fp16"] * len(ROWS)  # until measured: it wins at every decode row count on an AVX2 CPU
+    tolerance = 1e-3 if dtype == torch.float32 else TOLERANCE[dtype]  # float16 weights: ~2e-4 of the product
+    for rows in (1, 2, 7, 64, 100):
+        x = torch.randn(rows, 96).to(dtype)
+        with torch.inference_mode():
+            want, got = plain(x), q.run("fp16", x)
+        assert got.dtype == dtype and float((got - want).abs().max()) <= tolerance * float(want.abs().max())
+    piece = q.part(40)
+    assert piece is not None and piece.run("fp16", x).shape == (100, 40)
+    with torch.inference_mode():
+        assert torch.equal(piece.run("fp16", x), q.run("fp16", x)[:, :40])
+    huge = layer(torch.float32)
+    with torch.no_grad():
+        huge.weight[0, 0] = 1e5
+    with pytest.raises(ValueError, match="float16's range"):
+        quant.QuantLinear(huge, "fp16")
+
+
+@needs_fbgemm
+def test_a_batch_through_the_fp16_weights_gives_each_row_its_tokens_alone_through_them():
+    net = quant.quantize(tiny_model(lm.load_tokenizer()).to(torch.float32).eval(), "fp16", dense_from=1 << 30)
+    assert all(m.fixed == "fp16" for m in net.modules() if isinstance(m, quant.QuantLinear))
+    alone, together = alone_and_together(net)
+    assert all(alone) and together == alone

@@ -120,6 +120,8 @@ def load_net(choice: Choice, tokenizer: Any) -> Any:
     check_model_name(name)
     if choice.quantize == "bf16" and str(dtype) != "torch.float32":
         raise ModelError(f"--quantize bf16 halves a float32 model's weights; this one is {dtype}: use --dtype float32")
+    if choice.quantize == "fp16" and not quant.fp16_available():
+        raise ModelError("--quantize fp16 runs fbgemm's float16 kernel, which this build of torch lacks (x86 only)")
     if name == "tiny":
         m = tiny_model(tokenizer)
     elif name == "exact":

@@ -14,7 +14,14 @@ kernels that multiply by them without widening the whole matrix first:
   at one row: 1.15 against 0.51 ms for 4864 x 896, 33.8 against 15.7 ms for the 151,936-row output
   layer (the emulated bfloat16 product is still bound by the bytes it reads); every other
   operation (norms, attention, softmax, the residual stream) stays float32. Prefills stay dense:
-  there emulated bfloat16 is 2x slower than float32.
+  there emulated bfloat16 is 2x slower than float32;
+- fp16: a float16 copy of the weights packed for fbgemm (torch's x86 CPU library:
+  `torch.ops.quantized.linear_prepack_fp16` once, then `linear_dynamic_fp16(x, packed)`), which
+  widens them to float32 inside its blocked product: half the bytes of float32 and float32
+  arithmetic, the rows untouched (float16's 10-bit mantissa: a product's error ~2e-4 of its size
+  against bf16's ~3e-3). Measured on an AVX2 EPYC, 4864 x 896: 0.26 against 1.06 ms at one row,
+  1.26 against 4.91 at 16, 3.77 against 7.09 at 64; the output layer's quarter 3.2 against 10.9 ms
+  at one row. A bfloat16 model's rows are widened to float32 for it and its product rounded back.
 
 Whether they win depends on the machine: on an AVX-512 one (the bundled model in bfloat16, one
 decode step) 52 ms dense against 21 ms int8 at batch 1, but 146 against 116 ms at batch 32; on an
@@ -26,7 +33,9 @@ slower than dense, only larger). Memory: the dense weights plus half (int8) or a
 Quantizing takes about 1.3 s for the 0.5B model, so it is done at every load rather than cached.
 The bf16 mode's rounding of the rows makes it a quantization of the activations as well as the
 weights (scripts/perplexity.py measures what it costs).
-Leaves out: activation quantization (the dynamic int8 of torch.ao, deprecated), and GPUs.
+Leaves out: activation quantization (fbgemm's dynamic int8, `linear_dynamic`, is 1.5-4x faster
+than float32 here but errs ~1.5% a product, and its weights need torch's deprecated quantized
+tensors), and GPUs.
 """
 
 from __future__ import annotations
@@ -38,9 +47,11 @@ from streaming.model.kernels import ROWS, ChosenLinear
 
 DENSE_FROM = 24  # until measured (--kernels linear): rows from which dense runs (AVX-512, bf16: 16 int8 wins, 32 dense)
 BF16_DENSE_FROM = 4  # the same for bf16 weights (AVX2, float32: they win at 1-2 rows, lose 2x from 4)
+FP16_DENSE_FROM = 1 << 10  # and for fbgemm's fp16 weights: faster than float32 at every decode row count (AVX2)
+FP16_MAX = 65504.0  # float16's largest finite value: a weight past it cannot be stored
 GROUP = 64  # int4: inputs per scale and offset (64 kept the perplexity closest of 32/64/128 for its bytes)
 INNER_K_TILES = 2  # int4 packing layout the CPU kernel takes
-MODES = ("none", "int8", "int4", "bf16")
+MODES = ("none", "int8", "int4", "bf16", "fp16")
 
 
 class QuantLinear(ChosenLinear):
@@ -53,20 +64,27 @@ class QuantLinear(ChosenLinear):
     w4: torch.Tensor  # int4: packed for the CPU kernel, a scale and offset per group
     scales_and_zeros: torch.Tensor
     wh: torch.Tensor  # bf16: the weights in bfloat16
+    packed: torch.ScriptObject  # fp16: fbgemm's packed float16 weights (not a tensor: the CPU only)
 
-    def __init__(self, linear: torch.nn.Linear, mode: str, dense_from: int = DENSE_FROM) -> None:
+    def __init__(self, linear: torch.nn.Linear, mode: str, dense_from: int | None = None) -> None:
         super().__init__(linear)
         self.mode = mode
-        if dense_from >= 1 << 30:
+        if dense_from is None:
+            dense_from = {"bf16": BF16_DENSE_FROM, "fp16": FP16_DENSE_FROM}.get(mode, DENSE_FROM)
+        elif dense_from >= 1 << 30:
             self.fixed = mode  # every call quantized (scripts/perplexity.py measures its quality)
-        elif mode == "bf16":
-            dense_from = min(dense_from, BF16_DENSE_FROM)
         self.table = [mode if n < dense_from else "linear" for n in ROWS]
         w = linear.weight.detach().to(torch.float32)
         if mode == "bf16":
             if linear.weight.dtype != torch.float32:
                 raise ValueError("--quantize bf16 halves a float32 model's weights: use --dtype float32")
             self.register_buffer("wh", linear.weight.detach().to(torch.bfloat16))
+        elif mode == "fp16":
+            if not fp16_available():
+                raise ValueError("--quantize fp16 runs fbgemm's kernel, which this build of torch lacks (x86 only)")
+            if float(w.abs().max()) > FP16_MAX:
+                raise ValueError("--quantize fp16: a weight is past float16's range")
+            self.packed = pack_fp16(w)
         elif mode == "int8":
             scale = w.abs().amax(1).clamp(min=1e-8) / 127
             self.register_buffer("w8", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
@@ -84,6 +102,8 @@ class QuantLinear(ChosenLinear):
             return super().run(name, x)
         if self.mode == "bf16":
             y = torch.nn.functional.linear(x.to(torch.bfloat16), self.wh).to(x.dtype)
+        elif self.mode == "fp16":
+            y = torch.ops.quantized.linear_dynamic_fp16(x.to(torch.float32), self.packed).to(x.dtype)
         elif self.mode == "int8":
             y = torch.ops.aten._weight_int8pack_mm(x, self.w8, self.scales)
         else:
@@ -97,12 +117,26 @@ class QuantLinear(ChosenLinear):
         assert isinstance(piece, QuantLinear)
         if self.mode == "bf16":
             piece.wh = self.wh[:n]
+        elif self.mode == "fp16":
+            piece.packed = pack_fp16(self.weight.detach()[:n].to(torch.float32))
         else:
             piece.w8, piece.scales = self.w8[:n], self.scales[:n]
         return piece
 
     def shape(self) -> tuple[object, ...]:
         return (*super().shape(), self.mode)
+
+
+def fp16_available() -> bool:
+    """Whether this torch has fbgemm's float16 kernel (its x86 builds do; ARM's do not)."""
+    return "fbgemm" in torch.backends.quantized.supported_engines and hasattr(
+        torch.ops.quantized, "linear_prepack_fp16"
+    )
+
+
+def pack_fp16(w: torch.Tensor) -> torch.ScriptObject:
+    """fbgemm's packed float16 copy of a float32 weight (no bias: run() adds the layer's)."""
+    return torch.ops.quantized.linear_prepack_fp16(w.contiguous(), None)
 
 
 def int4_pack(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,10 +152,11 @@ def int4_pack(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return packed, scales_and_zeros
 
 
-def quantize(model: torch.nn.Module, mode: str, dense_from: int = DENSE_FROM) -> torch.nn.Module:
+def quantize(model: torch.nn.Module, mode: str, dense_from: int | None = None) -> torch.nn.Module:
     """Replace every Linear of the model (the lm_head too) by a QuantLinear, in place.
-    `dense_from`: rows from which the dense weights are used (a huge one: the quantized kernel
-    for everything, as scripts/perplexity.py measures quality)."""
+    `dense_from`: rows from which the dense weights are used until measured (None: the mode's
+    own; a huge one: the quantized kernel for everything, as scripts/perplexity.py measures
+    quality)."""
     if mode not in MODES:
         raise ValueError(f"unknown quantization {mode!r}: choose one of {', '.join(MODES)}")
     if mode == "none":
