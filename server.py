@@ -86,27 +86,7 @@ def engine_options(g):
         "request; free: no model, ' x' pieces at once (measures the server's own cost per event); "
         "upstream: relay OpenAI-compatible engines (--upstream)",
     )
-    g.add_argument(
-        "--upstream",
-        action="append",
-        default=[],
-        metavar="URL",
-        help="upstream: an OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1 (repeat for several)",
-    )
-    g.add_argument("--upstream-key", default=None, help="upstream: sent as Authorization: Bearer KEY")
-    g.add_argument("--upstream-model", default=None, help="upstream: the model to ask for (default: the first listed)")
-    g.add_argument(
-        "--upstream-first-text",
-        type=float,
-        default=FIRST_TEXT,
-        help="upstream: 504 if its first text takes longer than S s (pings and empty chunks do not count)",
-    )
-    g.add_argument(
-        "--upstream-silence",
-        type=float,
-        default=SILENCE,
-        help="upstream: end the answer with an error after S s without text",
-    )
+    upstream_options(g)
     g.add_argument("--max-batch", type=int, default=MAX_BATCH, help="batched: requests per step; more wait")
     g.add_argument(
         "--max-waiting",
@@ -143,6 +123,30 @@ def engine_options(g):
         help="adaptive: pieces already waiting for a reader who is behind go as one event (never waits for text)",
     )
     g.add_argument("--served-model-name", default=None, help="the model's id on /v1/ (default: its short name)")
+
+
+def upstream_options(g):
+    g.add_argument(
+        "--upstream",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="upstream: an OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1 (repeat for several)",
+    )
+    g.add_argument("--upstream-key", default=None, help="upstream: sent as Authorization: Bearer KEY")
+    g.add_argument("--upstream-model", default=None, help="upstream: the model to ask for (default: the first listed)")
+    g.add_argument(
+        "--upstream-first-text",
+        type=float,
+        default=FIRST_TEXT,
+        help="upstream: 504 if its first text takes longer than S s (pings and empty chunks do not count)",
+    )
+    g.add_argument(
+        "--upstream-silence",
+        type=float,
+        default=SILENCE,
+        help="upstream: end the answer with an error after S s without text",
+    )
 
 
 def limit_options(g):

@@ -465,7 +465,8 @@ def engine_parts(lm, out):
     milliseconds of each part (streaming/generation/parts.py)."""
     import torch
 
-    from streaming.generation.batched import BatchedJob, BatchEngine, Row
+    from streaming.generation.batch import Row
+    from streaming.generation.batched import BatchedJob, BatchEngine
     from streaming.generation.policy import Fifo, Plan
     from streaming.wire.params import plain_request
 
@@ -485,19 +486,19 @@ def engine_parts(lm, out):
         for job in jobs:
             job.stats.active.add(job)
             e.waiting.append(Row(job, 0.0))
-        e.take_waiting()
+        e.batch.admit(e.max_batch)
         with torch.inference_mode():
-            while e.joining:
-                e.step()
+            while e.batch.joining:
+                e.batch.step()
             timed = {}
             for name, policy in (("all", Fifo(0)), ("half", Half(0))):
-                e.policy = policy
-                e.parts.reset()
+                e.batch.policy = policy
+                e.batch.parts.reset()
                 t0 = time.perf_counter()
                 for _ in range(PARTS_STEPS):
-                    e.step()
+                    e.batch.step()
                 step = 1000 * (time.perf_counter() - t0) / PARTS_STEPS
-                timed[name] = {"step": step, **{k: 1000 * v / PARTS_STEPS for k, v in e.parts.snapshot().items()}}
+                timed[name] = {"step": step, **{k: 1000 * v / PARTS_STEPS for k, v in e.batch.parts.snapshot().items()}}
         for job in jobs:
             job.stop.set()
         return timed

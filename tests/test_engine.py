@@ -19,6 +19,7 @@ import torch
 from helpers import ServerProcess, http, metrics, model_of
 
 import lm
+from streaming.generation.batch import Batch
 from streaming.generation.batched import MAX_BATCH, BatchedJob, BatchEngine
 from streaming.generation.thread import ThreadJob
 from streaming.model.testing import ExactModel, tiny_model
@@ -101,16 +102,18 @@ def test_requests_join_and_leave_mid_batch_and_the_cache_keeps_only_live_rows(dt
 
     expected, results, e = asyncio.run(run())
     assert list(results) == expected
-    assert e.rows == [] and e.kv.cache is None and e.kv.mask is None  # every finished row's KV is gone
+    assert (
+        e.batch.rows == [] and e.batch.kv.cache is None and e.batch.kv.mask is None
+    )  # every finished row's KV is gone
 
 
-class Recording(BatchEngine):
-    """An engine that feeds every row the same fixed tokens and records each row's logits."""
+class RecordingBatch(Batch):
+    """A batch that feeds every row the same fixed tokens and records each row's logits."""
 
     FEED = [100 + 37 * k for k in range(12)]
 
-    def __init__(self, **kw):
-        super().__init__(**kw)
+    def __init__(self, *args):
+        super().__init__(*args)
         self.logits = {}
 
     def emit(self, rows, logits):
@@ -121,6 +124,15 @@ class Recording(BatchEngine):
             if len(seen) == len(self.FEED):
                 row.done = True
                 row.job.end("length")
+
+
+class Recording(BatchEngine):
+    """An engine whose batch is a RecordingBatch."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        b = self.batch
+        self.batch = RecordingBatch(b.model, b.chunk, b.policy, b.clock, b.waiting, b.lock)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -135,10 +147,10 @@ def test_a_rows_logits_in_a_batch_equal_its_logits_alone_within_the_tolerance(dt
             if not together:
                 await jobs[-1].done
         await asyncio.gather(*(j.done for j in jobs))
-        return e.logits
+        return e.batch.logits
 
     alone, batched = asyncio.run(run(False)), asyncio.run(run(True))
-    assert set(alone) == set(batched) and all(len(v) == len(Recording.FEED) for v in batched.values())
+    assert set(alone) == set(batched) and all(len(v) == len(RecordingBatch.FEED) for v in batched.values())
     scale = max(float(x.abs().max()) for steps in alone.values() for x in steps)
     worst = max(float((a - b).abs().max()) for k in alone for a, b in zip(alone[k], batched[k], strict=True))
     assert worst <= TOLERANCE[dtype] * scale, f"{worst} against {scale}"
@@ -158,8 +170,8 @@ def test_a_stop_is_honoured_within_one_step_and_its_rows_leave_the_cache():
         task = asyncio.ensure_future(text(victim, lambda k: stop_at(victim, k)))
         await task
         await asyncio.sleep(0.1)
-        seen["batch"] = e.kv.rows()
-        seen["rows"] = len(e.rows)
+        seen["batch"] = e.batch.kv.rows()
+        seen["rows"] = len(e.batch.rows)
         for j in jobs:
             j.stop.set()
         await asyncio.gather(*(j.done for j in jobs))

@@ -19,7 +19,8 @@ from helpers import ROOT, ServerProcess, http, metrics, model_of, stream_texts
 
 import lm
 from streaming.generation import kv
-from streaming.generation.batched import BatchedJob, BatchEngine, Row
+from streaming.generation.batch import Row
+from streaming.generation.batched import BatchedJob, BatchEngine
 from streaming.generation.policy import MAX_PREFILL, MAX_SKIP, Fifo, Qoe, StepCosts, prefill_group
 from streaming.generation.thread import ThreadJob
 from streaming.model import quant
@@ -184,7 +185,7 @@ def stepped(net, policy, n_jobs, tokens=12):
     for job in jobs:
         job.stats.active.add(job)
         e.waiting.append(Row(job, clock()))
-    e.take_waiting()
+    e.batch.admit(e.max_batch)
     return e, jobs, clock
 
 
@@ -203,11 +204,11 @@ def test_a_burst_joins_in_one_step_within_the_budget_and_gives_each_its_text_alo
     async def run(budget):
         e, jobs, clock = stepped(net, Fifo(budget), 8)
         with torch.inference_mode():
-            e.step()
+            e.batch.step()
             after_one = [j.produced for j in jobs]
-            while e.rows or e.joining:
+            while e.batch.rows or e.batch.joining:
                 clock.now += 0.2
-                e.step()
+                e.batch.step()
         return after_one, [await drain(j) for j in jobs]
 
     after_one, texts = asyncio.run(run(sum(lengths)))
@@ -226,27 +227,27 @@ def test_rows_that_sit_steps_out_keep_their_text_and_a_stop_holds_within_a_step(
         jobs[0].orphaned = True  # a resumable stream nobody reads: spare places only
         skipped_orphan = 0
         with torch.inference_mode():
-            e.step()  # the burst joins: one token each
+            e.batch.step()  # the burst joins: one token each
             for k in range(200):
                 clock.now += 0.05  # fast steps: rows get ahead of their readers and sit out
                 before = jobs[0].produced
-                e.step()
+                e.batch.step()
                 skipped_orphan += jobs[0].produced == before and not jobs[0].ended.is_set()
                 if k == 20:
                     jobs[3].stop.set()
                     stop_at = jobs[3].produced
-                if not (e.rows or e.joining):
+                if not (e.batch.rows or e.batch.joining):
                     break
         texts = [await drain(j) for j in jobs]
         return e, jobs, texts, skipped_orphan, stop_at
 
     e, jobs, texts, skipped_orphan, stop_at = asyncio.run(run())
-    assert e.skipped > 0 and skipped_orphan > 0  # rows sat steps out, the orphan most
+    assert e.batch.skipped > 0 and skipped_orphan > 0  # rows sat steps out, the orphan most
     assert jobs[3].reason == "stopped" and jobs[3].produced - stop_at <= 1
     expected = alone(net, 6, tokens=30)
     assert [t for i, t in enumerate(texts) if i != 3] == [t for i, t in enumerate(expected) if i != 3]
     assert expected[3].startswith(texts[3])
-    assert e.rows == [] and e.kv.rows() == 0  # every row's KV memory released
+    assert e.batch.rows == [] and e.batch.kv.rows() == 0  # every row's KV memory released
 
 
 def test_narrow_and_widen_leave_holes_that_the_mask_hides():
@@ -318,18 +319,18 @@ def test_a_shared_beginning_is_prefilled_once_and_the_texts_stay_those_of_each_a
         for job in jobs:
             job.stats.active.add(job)
             e.waiting.append(Row(job, 0.0))
-        e.take_waiting()
+        e.batch.admit(e.max_batch)
         with torch.inference_mode():
-            while e.rows or e.joining:
-                e.step()
+            while e.batch.rows or e.batch.joining:
+                e.batch.step()
         return e, [await drain(j) for j in jobs]
 
     async def each_alone():
         return [await drain(ThreadJob(p, params(i, 12), model=model_of(net)).start()) for i, p in enumerate(prompts)]
 
     e, texts = asyncio.run(run())
-    assert e.prefixes.hits == len(prompts) and len(e.prefixes.known) == 1
-    assert len(next(iter(e.prefixes.known))) >= kv.PREFIX_MIN
+    assert e.batch.prefixes.hits == len(prompts) and len(e.batch.prefixes.known) == 1
+    assert len(next(iter(e.batch.prefixes.known))) >= kv.PREFIX_MIN
     assert texts == asyncio.run(each_alone())
 
 

@@ -223,6 +223,25 @@ def overlap(text: str, tag: str) -> int:
 TEXT, OBJECT, TAIL, DROP = range(4)
 
 
+def append_merged(events: list[Event], event: Event) -> None:
+    """Append, merging text into text and a call's arguments into its last arguments (empty ones
+    are dropped)."""
+    last = events[-1] if events else None
+    if isinstance(event, Text):
+        if not event.text:
+            return
+        if isinstance(last, Text):
+            events[-1] = Text(last.text + event.text)
+            return
+    elif isinstance(event, CallArgs):
+        if not event.delta:
+            return
+        if isinstance(last, CallArgs) and last.index == event.index:
+            events[-1] = CallArgs(event.index, last.delta + event.delta)
+            return
+    events.append(event)
+
+
 class ToolCallParser:
     """Feed an answer's text pieces (`push`), then `flush` at its end; each gives the events its
     text completes, adjacent ones merged. `id_prefix` starts each call's id ("call_" as OpenAI's,
@@ -261,21 +280,7 @@ class ToolCallParser:
         return out
 
     def _emit(self, event: Event) -> None:
-        """Append, merging text into text and a call's arguments into its last arguments."""
-        last = self.events[-1] if self.events else None
-        if isinstance(event, Text):
-            if not event.text:
-                return
-            if isinstance(last, Text):
-                self.events[-1] = Text(last.text + event.text)
-                return
-        elif isinstance(event, CallArgs):
-            if not event.delta:
-                return
-            if isinstance(last, CallArgs) and last.index == event.index:
-                self.events[-1] = CallArgs(event.index, last.delta + event.delta)
-                return
-        self.events.append(event)
+        append_merged(self.events, event)
 
     # --- each mode reads what it can of `text` and returns the rest, for the mode it left in ---
 

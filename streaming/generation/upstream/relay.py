@@ -30,8 +30,6 @@ connection must close anyway), and asking an upstream in its Responses API.
 from __future__ import annotations
 
 import asyncio
-import json
-import re
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable
@@ -39,6 +37,7 @@ from typing import Any, TypeVar
 
 from streaming import http_client
 from streaming.generation.job import Item, Job, Piece, StopFlag
+from streaming.generation.upstream import asking
 from streaming.generation.upstream.pool import Pool, Upstream, UpstreamError, connect, refusal, request_bytes
 from streaming.wire.errors import ProtocolError
 from streaming.wire.openai import CallsAsText, read_chunk
@@ -103,34 +102,6 @@ class UpstreamJob(Job):
         if self.task is not None and not self.task.done():
             self.task.cancel()
 
-    def body(self, model: str) -> bytes:
-        p = self.params
-        body: dict[str, Any] = {
-            "model": model,
-            "messages": self.messages,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "max_tokens": p.max_tokens - self.produced,
-            "temperature": p.temperature,
-            "top_p": p.top_p,
-            "seed": p.seed,
-        }
-        if p.ignore_eos:
-            body["ignore_eos"] = True  # vLLM's extension, and this server's
-        if self.prompt is not None and self.prompt.tools:
-            body["tools"] = list(self.prompt.tools)  # (the calls come back as tool_calls deltas)
-            if self.prompt.prefill:  # a required call: the upstream is asked for one (and which)
-                named = re.search(r'"name": ("(?:[^"\\]|\\.)*")', self.prompt.prefill)
-                function = {"name": json.loads(named[1])} if named else None
-                body["tool_choice"] = {"type": "function", "function": function} if function else "required"
-        if self.raw:  # a text completion: the prompt (and the answer so far) as it is
-            del body["messages"]
-            body["prompt"] = (self.prompt.text or "") + self.so_far if self.prompt is not None else self.so_far
-        elif self.so_far:
-            body["messages"] = [*self.messages, {"role": "assistant", "content": self.so_far}]
-            body.update(continue_final_message=True, add_generation_prompt=False)
-        return json.dumps(body).encode()
-
     @property
     def raw(self) -> bool:
         """A text completion's prompt: asked of the upstream's /v1/completions, not its chat."""
@@ -182,7 +153,8 @@ class UpstreamJob(Job):
         self.deadline = time.monotonic() + self.pool.first_text
         try:
             path = "/completions" if self.raw else "/chat/completions"
-            writer.write(request_bytes(u, "POST", path, self.body(model), self.pool.key))
+            body = asking.body(model, self.params, self.prompt, self.messages, self.so_far, self.produced)
+            writer.write(request_bytes(u, "POST", path, body, self.pool.key))
             reply = http_client.Reply(reader)
             head = await self.read(u, reply.read_head())
             if head.status != 200:
@@ -251,7 +223,9 @@ class UpstreamJob(Job):
         if chunk.error is not None:
             raise UpstreamError(f"upstream {u.url} failed mid-answer: {chunk.error}")
         if chunk.usage is not None:
-            self.usage(chunk.usage, u)
+            prompt, completion = asking.counts(chunk.usage, u.url)
+            self.prompt_tokens = prompt or self.prompt_tokens
+            self.usage_tokens = completion if completion is not None else self.usage_tokens
         if chunk.alive:  # text, or what comes before it (reasoning, a tool call): the upstream works
             self.deadline = time.monotonic() + self.pool.silence
         text = self.calls.text(chunk)
@@ -268,20 +242,6 @@ class UpstreamJob(Job):
                 self.out.put_nowait(Piece.of(rest, []))
             return "length" if chunk.finish == "length" else "eos"
         return None
-
-    def usage(self, usage: dict[str, Any], u: Upstream) -> None:
-        """An upstream's counts, where they are counts (a token count is a whole number >= 0);
-        else ours, from the pieces, with a warning."""
-        for name in ("prompt_tokens", "completion_tokens"):
-            value = usage.get(name)
-            if value is None:
-                continue
-            if type(value) is not int or value < 0:
-                print(f"upstream {u.url} sent usage {name}={value!r}: not a count, ignored", flush=True)
-            elif name == "prompt_tokens":
-                self.prompt_tokens = value or self.prompt_tokens
-            else:
-                self.usage_tokens = value
 
     def finish_as(self, reason: str) -> None:
         if self.ended.is_set():

@@ -1,0 +1,66 @@
+"""What this server asks an upstream engine, and what it takes of the counts it is told: the body
+of a streaming Chat Completions request (or a text completion's), and an answer's usage.
+
+Pure: a request's parameters and prompt in, bytes out; a usage object in, counts out.
+Leaves out: the connection, the retries and the relaying (relay.py), the choice of upstream (pool.py).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from streaming.generation.prompts import Prompt
+from streaming.wire.params import GenerationParams
+
+
+def body(
+    model: str,
+    p: GenerationParams,
+    prompt: Prompt | None,
+    messages: list[dict[str, Any]],
+    so_far: str = "",
+    produced: int = 0,
+) -> bytes:
+    """A streaming request with usage for the answer's rest (`so_far`: its text already sent, in
+    `produced` pieces, which the upstream continues): to /v1/chat/completions, or for a raw
+    prompt to /v1/completions (the prompt and the text so far as they are)."""
+    out: dict[str, Any] = {
+        "model": model,
+        "messages": messages,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_tokens": p.max_tokens - produced,
+        "temperature": p.temperature,
+        "top_p": p.top_p,
+        "seed": p.seed,
+    }
+    if p.ignore_eos:
+        out["ignore_eos"] = True  # vLLM's extension, and this server's
+    if prompt is not None and prompt.tools:
+        out["tools"] = list(prompt.tools)  # (the calls come back as tool_calls deltas)
+        if prompt.prefill:  # a required call: the upstream is asked for one (and which)
+            named = re.search(r'"name": ("(?:[^"\\]|\\.)*")', prompt.prefill)
+            function = {"name": json.loads(named[1])} if named else None
+            out["tool_choice"] = {"type": "function", "function": function} if function else "required"
+    if prompt is not None and prompt.raw:
+        del out["messages"]
+        out["prompt"] = (prompt.text or "") + so_far
+    elif so_far:
+        out["messages"] = [*messages, {"role": "assistant", "content": so_far}]
+        out.update(continue_final_message=True, add_generation_prompt=False)
+    return json.dumps(out).encode()
+
+
+def counts(usage: dict[str, Any], url: str) -> tuple[int | None, int | None]:
+    """(prompt_tokens, completion_tokens) of an upstream's usage, each where it is a count (a
+    whole number >= 0; a prompt count of 0 is no count); else None, with a warning."""
+    out: list[int | None] = []
+    for name in ("prompt_tokens", "completion_tokens"):
+        value = usage.get(name)
+        if value is not None and (type(value) is not int or value < 0):
+            print(f"upstream {url} sent usage {name}={value!r}: not a count, ignored", flush=True)
+            value = None
+        out.append(value or None if name == "prompt_tokens" else value)
+    return out[0], out[1]
