@@ -396,10 +396,8 @@ def profile(args):
     context) with the kernels measured at load (streaming/model/kernels.py) and with F.linear
     everywhere, and torch.profiler's top operators at batch 16."""
     import torch
-    from transformers import DynamicCache
 
     import lm
-    from streaming.generation import kv
     from streaming.model import kernels
 
     lm.configure(model=args.model, dtype=args.dtype, kernels="measure")
@@ -412,25 +410,14 @@ def profile(args):
     print(f"kernels: {kernels.describe(out['kernels'] or {})}")
     print(f"one decode step, {len(ids)}-token context, {out['dtype']}, --quantize {out['quantize']}:", flush=True)
 
-    def batch_cache(b):
-        c = DynamicCache(config=m.config)
-        with torch.inference_mode():
-            m(input_ids=torch.tensor([ids]), cache=c, use_cache=True, logits_to_keep=1)
-        kv.set_layers(c, [(k.repeat(b, 1, 1, 1), v.repeat(b, 1, 1, 1)) for k, v in kv.layers(c)])
-        return c
-
-    def step(c, b):
-        with torch.inference_mode():
-            m(input_ids=torch.full((b, 1), 100), cache=c, use_cache=True, logits_to_keep=1)
-
     def timed(b, fixed):
         for layer in layers:
             layer.fixed = fixed
-        c = batch_cache(b)
-        step(c, b)
+        c = batch_cache(m, ids, b)
+        decode_step(m, c, b)
         t0 = time.perf_counter()
         for _ in range(3):
-            step(c, b)
+            decode_step(m, c, b)
         return 1000 * (time.perf_counter() - t0) / 3
 
     for b in (1, 2, 4, 8, 16, 32, 64):
@@ -444,14 +431,36 @@ def profile(args):
     for layer in layers:
         layer.fixed = None
     out["engine_parts_ms"] = engine_parts(lm, out)
-    c = batch_cache(16)
+    c = batch_cache(m, ids, 16)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        step(c, 16)
+        decode_step(m, c, 16)
     table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=8)
     print("batch 16, top operators by their own CPU time:\n" + table, flush=True)
     out["top_ops_batch16"] = table
     client.save(Path(args.results) / "profile.json", out)
     return out
+
+
+def batch_cache(m, ids, b):
+    """A KV cache of b rows, each the prefilled context `ids`."""
+    import torch
+    from transformers import DynamicCache
+
+    from streaming.generation import kv
+
+    c = DynamicCache(config=m.config)
+    with torch.inference_mode():
+        m(input_ids=torch.tensor([ids]), cache=c, use_cache=True, logits_to_keep=1)
+    kv.set_layers(c, [(k.repeat(b, 1, 1, 1), v.repeat(b, 1, 1, 1)) for k, v in kv.layers(c)])
+    return c
+
+
+def decode_step(m, c, b):
+    """One decode step of b rows over the cache c."""
+    import torch
+
+    with torch.inference_mode():
+        m(input_ids=torch.full((b, 1), 100), cache=c, use_cache=True, logits_to_keep=1)
 
 
 PARTS_CONTEXT = 300  # tokens of each row's context in the engine's step profile (the issue's "32 rows of 300")

@@ -334,14 +334,21 @@ def lone_step(before: dict | None, after: dict | None, rate: float | None) -> di
     }
 
 
+def of_kind(loads_: dict, kind: str) -> dict:
+    """One server's loads of a kind ("rate", "burst") by their rate or size; the bursts run only
+    to set a steady load against are not the interleaved ones and are left out."""
+    return {
+        (float if kind == "rate" else int)(float(k.split()[1])): f
+        for k, f in loads_.items()
+        if k.startswith(kind) and not f.get("for_steady")
+    }
+
+
 def headlines(by_server: dict) -> dict:
     """Per server: the sustainable rate, readers served, the burst of 48, one reader."""
     out = {}
     for name, loads_ in by_server.items():
-        rates = {float(k.split()[1]): f for k, f in loads_.items() if k.startswith("rate")}
-        bursts = {
-            int(float(k.split()[1])): f for k, f in loads_.items() if k.startswith("burst") and not f.get("for_steady")
-        }
+        rates, bursts = of_kind(loads_, "rate"), of_kind(loads_, "burst")
         steady_ = [(r, f["steady_ratio"]) for r, f in sorted(rates.items()) if f.get("steady_ratio")]
         singles = [loads_[k]["single_tokens_per_s"] for k in ("single 0", "single 1") if loads_.get(k)]
         b48 = bursts.get(48, {})
@@ -397,13 +404,8 @@ def plot(out, path):
         return None
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for name, loads_ in out["servers"].items():
-        rates = sorted((float(k.split()[1]), f) for k, f in loads_.items() if k.startswith("rate"))
+        rates, bursts = sorted(of_kind(loads_, "rate").items()), sorted(of_kind(loads_, "burst").items())
         a.plot([r for r, _ in rates], [f["qoe_mean"] for _, f in rates], "o-", label=name)
-        bursts = sorted(
-            (int(float(k.split()[1])), f)
-            for k, f in loads_.items()
-            if k.startswith("burst") and not f.get("for_steady")
-        )
         b.plot([n for n, _ in bursts], [f["qoe_mean"] for _, f in bursts], "o-", label=name)
     for ax in (a, b):
         ax.axhline(0.95, color="gray", ls="--")

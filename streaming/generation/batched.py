@@ -62,7 +62,6 @@ class BatchEngine:
         max_waiting: int = MAX_WAITING,
     ) -> None:
         self.max_batch, self.token_delay = max_batch, token_delay
-        self.model = model  # its network is loaded on the first step (the server listens first)
         self.clock = clock
         self.lock = threading.Condition()
         self.waiting = WaitingRoom(max_waiting)  # not yet admitted (from the event loop)

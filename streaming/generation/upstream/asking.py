@@ -54,13 +54,14 @@ def body(
 
 
 def counts(usage: dict[str, Any], url: str) -> tuple[int | None, int | None]:
-    """(prompt_tokens, completion_tokens) of an upstream's usage, each where it is a count (a
-    whole number >= 0; a prompt count of 0 is no count); else None, with a warning."""
-    out: list[int | None] = []
-    for name in ("prompt_tokens", "completion_tokens"):
+    """(prompt_tokens, completion_tokens) of an upstream's usage, each None where it is absent or
+    not a count (a token count is a whole number >= 0: anything else is ignored, with a warning)."""
+
+    def count(name: str) -> int | None:
         value = usage.get(name)
         if value is not None and (type(value) is not int or value < 0):
             print(f"upstream {url} sent usage {name}={value!r}: not a count, ignored", flush=True)
-            value = None
-        out.append(value or None if name == "prompt_tokens" else value)
-    return out[0], out[1]
+            return None
+        return value
+
+    return count("prompt_tokens"), count("completion_tokens")

@@ -224,7 +224,7 @@ class UpstreamJob(Job):
             raise UpstreamError(f"upstream {u.url} failed mid-answer: {chunk.error}")
         if chunk.usage is not None:
             prompt, completion = asking.counts(chunk.usage, u.url)
-            self.prompt_tokens = prompt or self.prompt_tokens
+            self.prompt_tokens = prompt or self.prompt_tokens  # (0 is no count: ours stays)
             self.usage_tokens = completion if completion is not None else self.usage_tokens
         if chunk.alive:  # text, or what comes before it (reasoning, a tool call): the upstream works
             self.deadline = time.monotonic() + self.pool.silence
