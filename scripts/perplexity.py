@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 import lm  # noqa: E402
-from streaming.model import quant  # noqa: E402
+from streaming.model import quant, smooth  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -84,7 +84,8 @@ def main() -> None:
     rows = {}
     for mode in args.modes:
         t0 = time.perf_counter()
-        m = quant.quantize(copy.deepcopy(dense), mode, dense_from=1 << 30) if mode != "none" else dense
+        ids = smooth.calibration_ids(lm.tok)
+        m = quant.quantize(copy.deepcopy(dense), mode, 1 << 30, ids) if mode != "none" else dense
         if mode != "none" and not any(isinstance(x, quant.QuantLinear) for x in m.modules()):
             raise SystemExit(f"--quantize {mode} replaced no layer: nothing to measure")
         took = time.perf_counter() - t0

@@ -16,7 +16,7 @@ from helpers import model_of
 import lm
 from streaming.generation.batched import BatchedJob, BatchEngine
 from streaming.generation.thread import ThreadJob
-from streaming.model import kernels, quant
+from streaming.model import kernels, quant, smooth
 from streaming.model.kernels import ROWS, ChosenLinear
 from streaming.model.testing import tiny_model
 from streaming.wire.params import plain_request
@@ -208,3 +208,50 @@ def test_a_batch_through_the_fp16_weights_gives_each_row_its_tokens_alone_throug
     assert all(m.fixed == "fp16" for m in net.modules() if isinstance(m, quant.QuantLinear))
     alone, together = alone_and_together(net)
     assert all(alone) and together == alone
+
+
+@needs_fbgemm
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_w8a8_product_is_each_rows_own_whatever_else_is_in_the_batch(dtype):
+    """--quantize w8a8: int8 weights and int8 rows through fbgemm's dynamic kernel, which
+    quantizes its whole input with one scale; each row is mapped onto exactly [-1, 1] first, so
+    a row's product is the same bits alone as beside any other rows (one with a channel 100x the
+    rest, one of equal values), and within 8 bits' rounding of the dense product."""
+    plain = layer(dtype)
+    s = torch.rand(96) + 0.5
+    q = quant.QuantLinear(plain, "w8a8", smooth=s)
+    assert q.candidates(1) == ["linear", "xwt", "w8a8"] and q.table == ["w8a8"] * len(ROWS)
+    torch.manual_seed(1)
+    x = torch.randn(9, 96)
+    x[3, 5] = 100.0  # an outlier channel in one row
+    x[4] = 0.25  # a row of equal values
+    x[6] += 3.0  # a row off zero
+    x = x.to(dtype)
+    with torch.inference_mode():
+        together = q.run("w8a8", x)
+        alone = torch.cat([q.run("w8a8", x[i : i + 1]) for i in range(len(x))])
+        want = plain(x)
+        assert together.dtype == dtype and torch.equal(together, alone)
+        assert torch.equal(q.run("w8a8", x[2:5]), together[2:5])
+        for i in range(len(x)):  # 8 bits a row and a column: ~1% of the row's largest output
+            err = float((together[i] - want[i]).float().abs().max())
+            assert err <= 3e-2 * float(want[i].float().abs().max()) + 1e-3, i
+        piece = q.part(40)
+        assert piece is not None and torch.equal(piece.run("w8a8", x), together[:, :40])
+    with pytest.raises(ValueError, match="smoothing factors"):
+        quant.QuantLinear(plain, "w8a8")
+
+
+@needs_fbgemm
+def test_a_batch_through_w8a8_gives_each_row_its_tokens_alone_through_it():
+    """The whole tiny model smoothed on the calibration text: every Linear w8a8 but the MLP's down
+    projection (int8 weights only: its inputs do not fit 8 bits a row), every product through the
+    quantized kernels, a batch's texts equal to each prompt's alone."""
+    tok = lm.load_tokenizer()
+    net = quant.quantize(tiny_model(tok).to(torch.float32).eval(), "w8a8", 1 << 30, smooth.calibration_ids(tok))
+    modes = {n.rsplit(".", 1)[-1]: m.fixed for n, m in net.named_modules() if isinstance(m, quant.QuantLinear)}
+    assert modes["down_proj"] == "int8" and modes["up_proj"] == modes["q_proj"] == modes["lm_head"] == "w8a8"
+    alone, together = alone_and_together(net)
+    assert all(alone) and together == alone
+    with pytest.raises(ValueError, match="smooths on a text"):
+        quant.quantize(tiny_model(tok).eval(), "w8a8")

@@ -18,7 +18,7 @@ import torch
 
 DTYPES = ("bfloat16", "float16", "float32")
 NAMED = ("bundled", "tiny", "exact", "echo")  # the names that are not a hub id, folder or .gguf path
-QUANTIZE = ("none", "int8", "int4", "bf16", "fp16")  # quant.py
+QUANTIZE = ("none", "int8", "int4", "bf16", "fp16", "w8a8")  # quant.py
 KERNELS = ("measure", "linear")  # kernels.py
 
 
@@ -99,8 +99,8 @@ def add_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> 
         default=None,
         choices=QUANTIZE,
         help="int8 or int4: weight-only quantized Linear layers on the CPU; bf16: a float32 model's weights in "
-        "bfloat16; fp16: the weights in float16 through fbgemm (x86), float32 arithmetic; each used at the row "
-        "counts where it is faster ($LM_QUANTIZE)",
+        "bfloat16; fp16: the weights in float16 through fbgemm (x86), float32 arithmetic; w8a8: int8 weights and int8 "
+        "rows through fbgemm (x86); each used at the row counts where it is faster ($LM_QUANTIZE)",
     )
     parser.add_argument(
         "--kernels",

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from streaming.model import bundled, kernels, quant
+from streaming.model import bundled, kernels, quant, smooth
 from streaming.model.choice import NAMED, Choice, ModelError, check_model_name
 from streaming.model.testing import EchoModel, ExactModel, tiny_model
 
@@ -120,8 +120,10 @@ def load_net(choice: Choice, tokenizer: Any) -> Any:
     check_model_name(name)
     if choice.quantize == "bf16" and str(dtype) != "torch.float32":
         raise ModelError(f"--quantize bf16 halves a float32 model's weights; this one is {dtype}: use --dtype float32")
-    if choice.quantize == "fp16" and not quant.fp16_available():
-        raise ModelError("--quantize fp16 runs fbgemm's float16 kernel, which this build of torch lacks (x86 only)")
+    if choice.quantize in ("fp16", "w8a8") and not quant.fp16_available():
+        raise ModelError(
+            f"--quantize {choice.quantize} runs fbgemm's kernels, which this build of torch lacks (x86 only)"
+        )
     if name == "tiny":
         m = tiny_model(tokenizer)
     elif name == "exact":
@@ -142,7 +144,7 @@ def load_net(choice: Choice, tokenizer: Any) -> Any:
     if choice.quantize != "none":
         if device != "cpu":
             raise ModelError(f"--quantize {choice.quantize} uses torch's CPU kernels: use --device cpu")
-        m = quant.quantize(m, choice.quantize)
+        m = quant.quantize(m, choice.quantize, calibration=smooth.calibration_ids(tokenizer))
     if choice.kernel_choice() == "measure":  # the CPU only
         kernels.wrap(m)  # the layers quantize left dense (all of them unquantized, or int4's odd shapes)
         t0 = time.perf_counter()

@@ -21,7 +21,17 @@ kernels that multiply by them without widening the whole matrix first:
   arithmetic, the rows untouched (float16's 10-bit mantissa: a product's error ~2e-4 of its size
   against bf16's ~3e-3). Measured on an AVX2 EPYC, 4864 x 896: 0.26 against 1.06 ms at one row,
   1.26 against 4.91 at 16, 3.77 against 7.09 at 64; the output layer's quarter 3.2 against 10.9 ms
-  at one row. A bfloat16 model's rows are widened to float32 for it and its product rounded back.
+  at one row. A bfloat16 model's rows are widened to float32 for it and its product rounded back;
+- w8a8: int8 weights (a scale per output) and int8 rows, multiplied in integers by fbgemm's dynamic
+  kernel (`torch.ops.quantized.linear_dynamic`; on a CPU with VNNI, `vpdpbusd`): what a step reads
+  is the int8 weights, and the product runs at the integer units' rate, so it wins batched steps
+  too. fbgemm quantizes its whole input with one scale, which would make each row's product
+  depend on the other rows of the batch; so each row is first mapped onto exactly [-1, 1]
+  (x' = (x - lo) / s - 1, s = (hi - lo) / 2: both ends come out exact in floating point), which
+  gives every batch the same range and every row its own 8 bits, and the product is mapped back
+  (y = s W x' + (lo + s) W 1). Measured on an AVX-512 VNNI EPYC, 4864 x 896: 0.26 against 0.90 ms
+  (bfloat16) at one row, 0.53 against 1.53 at 16, 1.11 against 3.57 at 64; the output layer's
+  quarter 1.05 against 8.8 ms at one row.
 
 Whether they win depends on the machine: on an AVX-512 one (the bundled model in bfloat16, one
 decode step) 52 ms dense against 21 ms int8 at batch 1, but 146 against 116 ms at batch 32; on an
@@ -33,25 +43,32 @@ slower than dense, only larger). Memory: the dense weights plus half (int8) or a
 Quantizing takes about 1.3 s for the 0.5B model, so it is done at every load rather than cached.
 The bf16 mode's rounding of the rows makes it a quantization of the activations as well as the
 weights (scripts/perplexity.py measures what it costs).
-Leaves out: activation quantization (fbgemm's dynamic int8, `linear_dynamic`, is 1.5-4x faster
-than float32 here but errs ~1.5% a product, and its weights need torch's deprecated quantized
-tensors), and GPUs.
+Leaves out: GPUs, and smoothing the activations' outlier channels into the weights (SmoothQuant):
+scripts/perplexity.py says what w8a8 costs without it. w8a8's packing makes one quantized tensor
+per layer at load (torch has deprecated them as tensors a user handles; fbgemm still takes its
+weights that way), and its warning is silenced there only.
 """
 
 from __future__ import annotations
 
+import functools
+import warnings
+from pathlib import Path
+
 import torch
 
-from streaming.model import kernels
+from streaming.model import kernels, smooth
 from streaming.model.kernels import ROWS, ChosenLinear
 
 DENSE_FROM = 24  # until measured (--kernels linear): rows from which dense runs (AVX-512, bf16: 16 int8 wins, 32 dense)
 BF16_DENSE_FROM = 4  # the same for bf16 weights (AVX2, float32: they win at 1-2 rows, lose 2x from 4)
 FP16_DENSE_FROM = 1 << 10  # and for fbgemm's fp16 weights: faster than float32 at every decode row count (AVX2)
 FP16_MAX = 65504.0  # float16's largest finite value: a weight past it cannot be stored
+SPAN_MIN = 1e-30  # w8a8: a row whose values are all equal maps to [-1, 1] over this span (its product is W 1 x)
 GROUP = 64  # int4: inputs per scale and offset (64 kept the perplexity closest of 32/64/128 for its bytes)
 INNER_K_TILES = 2  # int4 packing layout the CPU kernel takes
-MODES = ("none", "int8", "int4", "bf16", "fp16")
+W8A8_DENSE_FROM = 1 << 10  # and for w8a8: faster than bfloat16 at every decode row count (AVX-512 VNNI)
+MODES = ("none", "int8", "int4", "bf16", "fp16", "w8a8")
 
 
 class QuantLinear(ChosenLinear):
@@ -64,13 +81,19 @@ class QuantLinear(ChosenLinear):
     w4: torch.Tensor  # int4: packed for the CPU kernel, a scale and offset per group
     scales_and_zeros: torch.Tensor
     wh: torch.Tensor  # bf16: the weights in bfloat16
-    packed: torch.ScriptObject  # fp16: fbgemm's packed float16 weights (not a tensor: the CPU only)
+    packed: torch.ScriptObject  # fp16, w8a8: fbgemm's packed weights (not a tensor: the CPU only)
+    smooth: torch.Tensor  # w8a8: each input channel's divisor, multiplied into the weights (smooth.py)
+    ones: torch.Tensor  # w8a8: W 1, each output's sum of (smoothed) weights: the rows' shift comes back through it
 
-    def __init__(self, linear: torch.nn.Linear, mode: str, dense_from: int | None = None) -> None:
+    def __init__(
+        self, linear: torch.nn.Linear, mode: str, dense_from: int | None = None, smooth: torch.Tensor | None = None
+    ) -> None:
         super().__init__(linear)
         self.mode = mode
         if dense_from is None:
-            dense_from = {"bf16": BF16_DENSE_FROM, "fp16": FP16_DENSE_FROM}.get(mode, DENSE_FROM)
+            dense_from = {"bf16": BF16_DENSE_FROM, "fp16": FP16_DENSE_FROM, "w8a8": W8A8_DENSE_FROM}.get(
+                mode, DENSE_FROM
+            )
         elif dense_from >= 1 << 30:
             self.fixed = mode  # every call quantized (scripts/perplexity.py measures its quality)
         self.table = [mode if n < dense_from else "linear" for n in ROWS]
@@ -85,6 +108,16 @@ class QuantLinear(ChosenLinear):
             if float(w.abs().max()) > FP16_MAX:
                 raise ValueError("--quantize fp16: a weight is past float16's range")
             self.packed = pack_fp16(w)
+        elif mode == "w8a8":
+            if not fp16_available():
+                raise ValueError(
+                    "--quantize w8a8 runs fbgemm's int8 kernel, which this build of torch lacks (x86 only)"
+                )
+            if smooth is None:
+                raise ValueError("--quantize w8a8 needs each layer's smoothing factors (smooth.py)")
+            self.register_buffer("smooth", smooth.to(torch.float32))
+            self.packed = pack_int8(w * self.smooth)
+            self.register_buffer("ones", (w * self.smooth).sum(1))
         elif mode == "int8":
             scale = w.abs().amax(1).clamp(min=1e-8) / 127
             self.register_buffer("w8", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
@@ -104,11 +137,22 @@ class QuantLinear(ChosenLinear):
             y = torch.nn.functional.linear(x.to(torch.bfloat16), self.wh).to(x.dtype)
         elif self.mode == "fp16":
             y = torch.ops.quantized.linear_dynamic_fp16(x.to(torch.float32), self.packed).to(x.dtype)
+        elif self.mode == "w8a8":
+            y = self.w8a8(x.to(torch.float32)).to(x.dtype)
         elif self.mode == "int8":
             y = torch.ops.aten._weight_int8pack_mm(x, self.w8, self.scales)
         else:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.w4, GROUP, self.scales_and_zeros)
         return y if self.bias is None else y + self.bias
+
+    def w8a8(self, x: torch.Tensor) -> torch.Tensor:
+        """Each row smoothed, then onto exactly [-1, 1], fbgemm's int8 product, each row back (the
+        docstring above)."""
+        x = x / self.smooth
+        lo, hi = torch.aminmax(x, dim=-1, keepdim=True)
+        s = ((hi - lo) / 2).clamp(min=SPAN_MIN)
+        y = torch.ops.quantized.linear_dynamic((x - lo) / s - 1, self.packed, not vnni())
+        return torch.addcmul((lo + s) * self.ones, y, s)
 
     def part(self, n: int) -> ChosenLinear | None:
         if self.mode == "int4":
@@ -119,6 +163,9 @@ class QuantLinear(ChosenLinear):
             piece.wh = self.wh[:n]
         elif self.mode == "fp16":
             piece.packed = pack_fp16(self.weight.detach()[:n].to(torch.float32))
+        elif self.mode == "w8a8":
+            piece.packed = pack_int8(self.weight.detach()[:n].to(torch.float32) * self.smooth)
+            piece.ones = self.ones[:n]
         else:
             piece.w8, piece.scales = self.w8[:n], self.scales[:n]
         return piece
@@ -139,6 +186,27 @@ def pack_fp16(w: torch.Tensor) -> torch.ScriptObject:
     return torch.ops.quantized.linear_prepack_fp16(w.contiguous(), None)
 
 
+def pack_int8(w: torch.Tensor) -> torch.ScriptObject:
+    """fbgemm's packed int8 copy of a float32 weight, symmetric, a scale per output (no bias)."""
+    scale = (w.abs().amax(1) / 127).clamp(min=1e-8).to(torch.float64)
+    with warnings.catch_warnings():  # torch's deprecation of quantized tensors: fbgemm's packing still takes one
+        warnings.simplefilter("ignore", UserWarning)
+        q = torch.quantize_per_channel(w.contiguous(), scale, torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8)
+        return torch.ops.quantized.linear_prepack(q, None)
+
+
+@functools.cache
+def vnni() -> bool:
+    """Whether the CPU multiplies bytes with VNNI (`vpdpbusd`, 32-bit sums). Without it fbgemm's
+    `vpmaddubsw` saturates 16-bit pairs of full 8-bit products, so the rows get 7 bits
+    (linear_dynamic's reduce_range) there, and wherever the flags cannot be read."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_vnni" in flags or "avx_vnni" in flags
+
+
 def int4_pack(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Asymmetric int4 per group of GROUP inputs: q in 0..15, w ~ (q - 8) * scale + zero."""
     n, k = w.shape
@@ -152,19 +220,34 @@ def int4_pack(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return packed, scales_and_zeros
 
 
-def quantize(model: torch.nn.Module, mode: str, dense_from: int | None = None) -> torch.nn.Module:
+def quantize(
+    model: torch.nn.Module, mode: str, dense_from: int | None = None, calibration: torch.Tensor | None = None
+) -> torch.nn.Module:
     """Replace every Linear of the model (the lm_head too) by a QuantLinear, in place.
     `dense_from`: rows from which the dense weights are used until measured (None: the mode's
     own; a huge one: the quantized kernel for everything, as scripts/perplexity.py measures
-    quality)."""
+    quality). `calibration`: w8a8's token ids (smooth.calibration_ids), run once to smooth."""
     if mode not in MODES:
         raise ValueError(f"unknown quantization {mode!r}: choose one of {', '.join(MODES)}")
     if mode == "none":
         return model
-    kernels.wrap(
-        model,
-        lambda child: (
-            QuantLinear(child, mode, dense_from) if mode != "int4" or child.in_features % GROUP == 0 else None
-        ),
-    )
+    if mode != "w8a8":
+        kernels.wrap(
+            model,
+            lambda child: (
+                QuantLinear(child, mode, dense_from) if mode != "int4" or child.in_features % GROUP == 0 else None
+            ),
+        )
+        return model
+    if calibration is None:
+        raise ValueError("--quantize w8a8 smooths on a text first: pass smooth.calibration_ids(tokenizer)")
+    tops, names = smooth.input_maxima(model, calibration), {m: n for n, m in model.named_modules()}
+
+    def make(child: torch.nn.Linear) -> QuantLinear | None:
+        if smooth.kept(names, child):
+            return QuantLinear(child, "int8", dense_from)
+        top = tops.get(child)  # None: a layer the forward pass never ran stays dense
+        return None if top is None else QuantLinear(child, mode, dense_from, smooth.factors(top, child.weight))
+
+    kernels.wrap(model, make)
     return model
