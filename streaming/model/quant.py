@@ -175,7 +175,7 @@ class QuantLinear(ChosenLinear):
 
 
 def fp16_available() -> bool:
-    """Whether this torch has fbgemm's float16 kernel (its x86 builds do; ARM's do not)."""
+    """Whether this torch has fbgemm's kernels, float16 and int8 (its x86 builds do; ARM's do not)."""
     return "fbgemm" in torch.backends.quantized.supported_engines and hasattr(
         torch.ops.quantized, "linear_prepack_fp16"
     )
