@@ -29,7 +29,8 @@ kernels that multiply by them without widening the whole matrix first:
   depend on the other rows of the batch; so each row is first mapped onto exactly [-1, 1]
   (x' = (x - lo) / s - 1, s = (hi - lo) / 2: both ends come out exact in floating point), which
   gives every batch the same range and every row its own 8 bits, and the product is mapped back
-  (y = s W x' + (lo + s) W 1). Measured on an AVX-512 VNNI EPYC, 4864 x 896: 0.26 against 0.90 ms
+  (y = s W x' + (lo + s) W 1); the weights are smoothed first (smooth.py). Measured on an AVX-512
+  VNNI EPYC, fbgemm's kernel alone, 4864 x 896: 0.26 against 0.90 ms
   (bfloat16) at one row, 0.53 against 1.53 at 16, 1.11 against 3.57 at 64; the output layer's
   quarter 1.05 against 8.8 ms at one row.
 
@@ -38,13 +39,12 @@ decode step) 52 ms dense against 21 ms int8 at batch 1, but 146 against 116 ms a
 AVX2 one in float32 int8 is 2x slower than dense at 1 row and 40x at 32. So each layer keeps its
 dense weight too and picks per call from the timings kernels.py takes at load: the quantized
 kernel at the row counts where it is faster, a dense one elsewhere (so `--quantize` is never
-slower than dense, only larger). Memory: the dense weights plus half (int8) or a quarter (int4) more.
+slower than dense, only larger). Memory: the dense weights plus half (int8, w8a8) or a quarter (int4) more.
 
 Quantizing takes about 1.3 s for the 0.5B model, so it is done at every load rather than cached.
 The bf16 mode's rounding of the rows makes it a quantization of the activations as well as the
 weights (scripts/perplexity.py measures what it costs).
-Leaves out: GPUs, and smoothing the activations' outlier channels into the weights (SmoothQuant):
-scripts/perplexity.py says what w8a8 costs without it. w8a8's packing makes one quantized tensor
+Leaves out: GPUs. w8a8's packing makes one quantized tensor
 per layer at load (torch has deprecated them as tensors a user handles; fbgemm still takes its
 weights that way), and its warning is silenced there only.
 """
@@ -190,7 +190,7 @@ def pack_int8(w: torch.Tensor) -> torch.ScriptObject:
     """fbgemm's packed int8 copy of a float32 weight, symmetric, a scale per output (no bias)."""
     scale = (w.abs().amax(1) / 127).clamp(min=1e-8).to(torch.float64)
     with warnings.catch_warnings():  # torch's deprecation of quantized tensors: fbgemm's packing still takes one
-        warnings.simplefilter("ignore", UserWarning)
+        warnings.filterwarnings("ignore", "torch.quantize_per_tensor, torch.quantize_per_channel", UserWarning)
         q = torch.quantize_per_channel(w.contiguous(), scale, torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8)
         return torch.ops.quantized.linear_prepack(q, None)
 
