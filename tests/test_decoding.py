@@ -1,9 +1,10 @@
 """choose(): top-p keeps the smallest set reaching p, greedy at temperature 0, seeds repeat, and
 token i's draw depends only on the seed and i (a continuation samples as the original would)."""
 
+import pytest
 import torch
 
-from decoding import Draws, choose, uniform
+from decoding import Draws, choose, choose_batch, uniform
 
 
 def logits_for(probs):
@@ -78,3 +79,22 @@ def test_uniform_draws_are_exact_floats_in_the_unit_interval_and_spread_evenly()
     assert uniform(0, 0) != uniform(0, 1) != uniform(1, 0)
     counts = torch.histc(torch.tensor(draws), bins=10, min=0, max=1)
     assert counts.min() > 0.9 * len(draws) / 10  # even within 10% per tenth (6,000 draws)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_batch_samples_each_row_as_choose_does_alone_whichever_way_its_nucleus_is_found(dtype):
+    """choose_batch against choose, row by row: a peaked row (the top-k holds p), one whose
+    nucleus is a few hundred tokens, a flat one that needs the full sort, and a greedy one;
+    bfloat16 logits too."""
+    g = torch.Generator().manual_seed(5)
+    vocab = 5000
+    peaked = torch.randn(vocab, generator=g) * 4
+    wider = torch.randn(vocab, generator=g) * 0.3
+    wider[:300] += 4.0  # ~300 likely tokens
+    flat = torch.zeros(vocab)
+    rows = torch.stack([peaked, wider, flat, peaked]).to(dtype)
+    temperatures, top_ps = [0.7, 1.0, 1.0, 0.0], [0.9, 0.9, 0.9, 0.9]
+    for seed in range(20):
+        batch = choose_batch(rows, [Draws(seed + r) for r in range(4)], temperatures, top_ps)
+        alone = [choose(rows[r], [], Draws(seed + r), p=top_ps[r], temperature=temperatures[r]) for r in range(4)]
+        assert batch == alone
