@@ -82,9 +82,9 @@ def main() -> None:
     pairs = texts(args.texts)
     dense = lm.model()
     rows = {}
+    ids = smooth.calibration_ids(lm.tok)  # w8a8's calibration text (the other modes ignore it)
     for mode in args.modes:
         t0 = time.perf_counter()
-        ids = smooth.calibration_ids(lm.tok)
         m = quant.quantize(copy.deepcopy(dense), mode, 1 << 30, ids) if mode != "none" else dense
         if mode != "none" and not any(isinstance(x, quant.QuantLinear) for x in m.modules()):
             raise SystemExit(f"--quantize {mode} replaced no layer: nothing to measure")

@@ -170,9 +170,7 @@ def test_a_batch_through_the_bf16_weights_gives_each_row_its_tokens_alone_throug
     assert all(alone) and together == alone
 
 
-needs_fbgemm = pytest.mark.skipif(
-    not quant.fp16_available(), reason="fbgemm's float16 kernel: x86 builds of torch only"
-)
+needs_fbgemm = pytest.mark.skipif(not quant.fbgemm_available(), reason="fbgemm's kernels: x86 builds of torch only")
 
 
 @needs_fbgemm

@@ -128,7 +128,7 @@ def test_the_choice_is_fixed_once_the_model_is_in_use():
     [(m, d) for m in ("int8", "int4", "fp16", "w8a8") for d in ("float32", "bfloat16")] + [("bf16", "float32")],
 )
 def test_quantization_uses_the_weight_only_kernels_and_generates_the_same_way_every_time(mode, dtype):
-    if mode in ("fp16", "w8a8") and not quant.fp16_available():
+    if mode in quant.FBGEMM and not quant.fbgemm_available():
         pytest.skip("fbgemm's kernels: x86 builds of torch only")
     code = (
         "import lm\n"
@@ -152,7 +152,7 @@ def test_quantization_keeps_the_bundled_models_perplexity_within_two_percent(tmp
     torch's kernel on an AVX2 CPU takes a minute a text."""
     dtype = str(Choice("bundled").torch_dtype()).removeprefix("torch.")
     fast = "w8a8" if quant.vnni() else "fp16"
-    mode = fast if quant.fp16_available() else "bf16" if dtype == "float32" else "int8"
+    mode = fast if quant.fbgemm_available() else "bf16" if dtype == "float32" else "int8"
     args = ["--model", "bundled", "--texts", "4", "--modes", "none", mode, "--results", str(tmp_path)]
     run_script("scripts/perplexity.py", *args)
     modes = json.loads((tmp_path / "perplexity.json").read_text())["modes"]

@@ -120,7 +120,7 @@ def load_net(choice: Choice, tokenizer: Any) -> Any:
     check_model_name(name)
     if choice.quantize == "bf16" and str(dtype) != "torch.float32":
         raise ModelError(f"--quantize bf16 halves a float32 model's weights; this one is {dtype}: use --dtype float32")
-    if choice.quantize in ("fp16", "w8a8") and not quant.fp16_available():
+    if choice.quantize in quant.FBGEMM and not quant.fbgemm_available():
         raise ModelError(
             f"--quantize {choice.quantize} runs fbgemm's kernels, which this build of torch lacks (x86 only)"
         )

@@ -69,6 +69,7 @@ GROUP = 64  # int4: inputs per scale and offset (64 kept the perplexity closest 
 INNER_K_TILES = 2  # int4 packing layout the CPU kernel takes
 W8A8_DENSE_FROM = 1 << 10  # and for w8a8: faster than bfloat16 at every decode row count (AVX-512 VNNI)
 MODES = ("none", "int8", "int4", "bf16", "fp16", "w8a8")
+FBGEMM = ("fp16", "w8a8")  # the modes that run fbgemm's kernels (torch's x86 builds only)
 
 
 class QuantLinear(ChosenLinear):
@@ -98,26 +99,23 @@ class QuantLinear(ChosenLinear):
             self.fixed = mode  # every call quantized (scripts/perplexity.py measures its quality)
         self.table = [mode if n < dense_from else "linear" for n in ROWS]
         w = linear.weight.detach().to(torch.float32)
+        if mode in FBGEMM and not fbgemm_available():
+            raise ValueError(f"--quantize {mode} runs fbgemm's kernels, which this build of torch lacks (x86 only)")
         if mode == "bf16":
             if linear.weight.dtype != torch.float32:
                 raise ValueError("--quantize bf16 halves a float32 model's weights: use --dtype float32")
             self.register_buffer("wh", linear.weight.detach().to(torch.bfloat16))
         elif mode == "fp16":
-            if not fp16_available():
-                raise ValueError("--quantize fp16 runs fbgemm's kernel, which this build of torch lacks (x86 only)")
             if float(w.abs().max()) > FP16_MAX:
                 raise ValueError("--quantize fp16: a weight is past float16's range")
             self.packed = pack_fp16(w)
         elif mode == "w8a8":
-            if not fp16_available():
-                raise ValueError(
-                    "--quantize w8a8 runs fbgemm's int8 kernel, which this build of torch lacks (x86 only)"
-                )
             if smooth is None:
                 raise ValueError("--quantize w8a8 needs each layer's smoothing factors (smooth.py)")
             self.register_buffer("smooth", smooth.to(torch.float32))
-            self.packed = pack_int8(w * self.smooth)
-            self.register_buffer("ones", (w * self.smooth).sum(1))
+            smoothed = w * self.smooth
+            self.packed = pack_int8(smoothed)
+            self.register_buffer("ones", smoothed.sum(1))
         elif mode == "int8":
             scale = w.abs().amax(1).clamp(min=1e-8) / 127
             self.register_buffer("w8", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
@@ -138,7 +136,7 @@ class QuantLinear(ChosenLinear):
         elif self.mode == "fp16":
             y = torch.ops.quantized.linear_dynamic_fp16(x.to(torch.float32), self.packed).to(x.dtype)
         elif self.mode == "w8a8":
-            y = self.w8a8(x.to(torch.float32)).to(x.dtype)
+            y = self.w8a8(x).to(x.dtype)
         elif self.mode == "int8":
             y = torch.ops.aten._weight_int8pack_mm(x, self.w8, self.scales)
         else:
@@ -147,7 +145,7 @@ class QuantLinear(ChosenLinear):
 
     def w8a8(self, x: torch.Tensor) -> torch.Tensor:
         """Each row smoothed, then onto exactly [-1, 1], fbgemm's int8 product, each row back (the
-        docstring above)."""
+        docstring above). The division by the float32 factors widens a bfloat16 row as it goes."""
         x = x / self.smooth
         lo, hi = torch.aminmax(x, dim=-1, keepdim=True)
         s = ((hi - lo) / 2).clamp(min=SPAN_MIN)
@@ -174,7 +172,7 @@ class QuantLinear(ChosenLinear):
         return (*super().shape(), self.mode)
 
 
-def fp16_available() -> bool:
+def fbgemm_available() -> bool:
     """Whether this torch has fbgemm's kernels, float16 and int8 (its x86 builds do; ARM's do not)."""
     return "fbgemm" in torch.backends.quantized.supported_engines and hasattr(
         torch.ops.quantized, "linear_prepack_fp16"
