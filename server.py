@@ -95,13 +95,13 @@ def engine_options(g):
         help="batched: requests that may wait for a place; past it 503 with Retry-After (a balancer tries another)",
     )
     g.add_argument(
-        "--prefill-chunk", type=int, default=PREFILL_CHUNK, help="batched: a longer prompt joins alone, N tokens a step"
+        "--prefill-chunk", type=int, default=PREFILL_CHUNK, help="batched: a longer prompt joins at most N tokens a step"
     )
     g.add_argument(
         "--prefill-budget",
         type=int,
         default=PREFILL_BUDGET,
-        help="batched: prompt tokens prefilled together per step (a burst joins in one pass)",
+        help="batched: prompt tokens that ride in a step's pass (a burst joins in a few steps)",
     )
     g.add_argument(
         "--schedule",

@@ -446,12 +446,11 @@ def batch_cache(m, ids, b):
     import torch
     from transformers import DynamicCache
 
-    from streaming.generation import kv
-
     c = DynamicCache(config=m.config)
     with torch.inference_mode():
         m(input_ids=torch.tensor([ids]), cache=c, use_cache=True, logits_to_keep=1)
-    kv.set_layers(c, [(k.repeat(b, 1, 1, 1), v.repeat(b, 1, 1, 1)) for k, v in kv.layers(c)])
+    for layer in c.layers:
+        layer.keys, layer.values = layer.keys.repeat(b, 1, 1, 1), layer.values.repeat(b, 1, 1, 1)
     return c
 
 
@@ -465,18 +464,21 @@ def decode_step(m, c, b):
 
 PARTS_CONTEXT = 300  # tokens of each row's context in the engine's step profile (the issue's "32 rows of 300")
 PARTS_STEPS = 4  # steps timed per batch size
+JOINING = 4  # chat prompts that join the running rows in the profile's joining step
 
 
 def engine_parts(lm, out):
     """The batched engine's own steps, in this process without its thread: for each batch size,
     every row at a PARTS_CONTEXT-token context, PARTS_STEPS steps of every row (fifo), then as many
-    with half the rows sitting out (what the qoe schedule's narrowed steps cost); per step, the
-    milliseconds of each part (streaming/generation/parts.py)."""
+    with half the rows sitting out (what the qoe schedule's steps cost when readers are ahead), then
+    a step in which JOINING chat prompts join the running rows (their prefill rides in the same
+    pass); per step, the milliseconds of each part (streaming/generation/parts.py)."""
     import torch
 
     from streaming.generation.batch import Row
     from streaming.generation.batched import BatchedJob, BatchEngine
     from streaming.generation.policy import Fifo, Plan
+    from streaming.generation.prompts import encode_chat
     from streaming.wire.params import plain_request
 
     class Half(Fifo):
@@ -484,18 +486,27 @@ def engine_parts(lm, out):
             return Plan(list(range(0, len(rows), 2)), self.budget)
 
     ids = (lm.tok(" ".join(PROMPTS)).input_ids * 4)[:PARTS_CONTEXT]
+    params = plain_request({"prompt": "x", "max_tokens": 4000, "ignore_eos": True}).params
+    chats = [encode_chat(lm.handle(), [{"role": "user", "content": p}], params) for p in PROMPTS[:JOINING]]
     result = {}
     print(f"the engine's step by part, ms (a {PARTS_CONTEXT}-token context, {out['dtype']}):", flush=True)
-    print("  rows  step  forward  sampling    kv  hand-off | half the rows sit out: step  kv", flush=True)
+    print(
+        f"  rows  step  forward  sampling    kv  hand-off | half the rows sit out: step  kv"
+        f" | {JOINING} prompts join ({sum(map(len, chats))} tokens): step",
+        flush=True,
+    )
 
-    async def run(b):
-        e = BatchEngine(lm.handle(), max_batch=b, policy=Fifo(PARTS_CONTEXT * b))
-        params = plain_request({"prompt": "x", "max_tokens": 4000, "ignore_eos": True}).params
-        jobs = [BatchedJob(e, ids, params) for _ in range(b)]
+    def admit(e, prompts):
+        jobs = [BatchedJob(e, p, params) for p in prompts]
         for job in jobs:
             job.stats.active.add(job)
             e.waiting.append(Row(job, 0.0))
-        e.batch.admit(e.max_batch)
+        e.batch.admit(e.max_batch + len(prompts))
+        return jobs
+
+    async def run(b):
+        e = BatchEngine(lm.handle(), max_batch=b, policy=Fifo(PARTS_CONTEXT * b))
+        jobs = admit(e, [ids] * b)
         with torch.inference_mode():
             while e.batch.joining:
                 e.batch.step()
@@ -508,6 +519,14 @@ def engine_parts(lm, out):
                     e.batch.step()
                 step = 1000 * (time.perf_counter() - t0) / PARTS_STEPS
                 timed[name] = {"step": step, **{k: 1000 * v / PARTS_STEPS for k, v in e.batch.parts.snapshot().items()}}
+            e.batch.policy = Fifo(10_000)
+            jobs += admit(e, [chats[0], chats[0]])  # the chat template's shared beginning, learned once
+            e.batch.step()
+            jobs += admit(e, chats)
+            e.batch.parts.reset()
+            t0 = time.perf_counter()
+            e.batch.step()
+            timed["join"] = {"step": 1000 * (time.perf_counter() - t0), **e.batch.parts.snapshot()}
         for job in jobs:
             job.stop.set()
         return timed
@@ -518,7 +537,7 @@ def engine_parts(lm, out):
         a, h = t["all"], t["half"]
         print(
             f"  {b:4d} {a['step']:5.0f} {a['forward']:8.0f} {a['sampling']:9.1f} {a['kv']:5.1f} {a['hand_off']:9.1f}"
-            f" | {h['step']:27.0f} {h['kv']:3.1f}",
+            f" | {h['step']:27.0f} {h['kv']:3.1f} | {t['join']['step']:5.0f}",
             flush=True,
         )
     return result

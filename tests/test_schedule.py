@@ -1,13 +1,14 @@
-"""Scheduling for readers (streaming/generation/policy.py), burst admission and the KV cache's
-narrowed steps (kv.py), and the quantized kernels (quant.py).
+"""Scheduling for readers (streaming/generation/policy.py), burst admission, the KV cache's slots
+(kv.py) and the fused pass over them (attention.py), and the quantized kernels (quant.py).
 
 The policies are driven with hand-made rows and a fake clock; the engine is stepped by hand
 (no thread) with the `exact` model, whose logits depend only on a row's own tokens, so a row that
 sits steps out or joins in a padded burst must still give exactly the thread engine's text, in
-float32 and bfloat16 alike. The arithmetic of a padded prefill and the quantized kernels is
-checked with the tiny real model, within stated tolerances."""
+float32 and bfloat16 alike. The arithmetic of prompts joining in one pass and the quantized
+kernels is checked with the tiny real model, within stated tolerances."""
 
 import asyncio
+import itertools
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -18,13 +19,14 @@ import torch
 from helpers import ROOT, ServerProcess, http, metrics, model_of, stream_texts
 
 import lm
-from streaming.generation import kv
+from streaming.generation import attention, kv
 from streaming.generation.batch import Row
 from streaming.generation.batched import BatchedJob, BatchEngine
 from streaming.generation.policy import MAX_PREFILL, MAX_SKIP, Fifo, Qoe, StepCosts, prefill_group
+from streaming.generation.prefixes import PREFIX_MIN, Prefixes
 from streaming.generation.thread import ThreadJob
 from streaming.model import quant
-from streaming.model.loading import forward_kwargs
+from streaming.model.loading import forward_kwargs, step_kwargs
 from streaming.model.testing import ExactModel, tiny_model
 from streaming.wire.params import plain_request
 
@@ -250,59 +252,137 @@ def test_rows_that_sit_steps_out_keep_their_text_and_a_stop_holds_within_a_step(
     assert e.batch.rows == [] and e.batch.kv.rows() == 0  # every row's KV memory released
 
 
-def test_narrow_and_widen_leave_holes_that_the_mask_hides():
-    b = kv.KVBatch("cpu")
-    cache = kv.new_cache(ExactModel(lm.load_tokenizer()))
-    keys = torch.arange(6, dtype=torch.float32).view(3, 1, 2, 1)
-    cache.update(keys, keys.clone(), 0)
-    b.join(cache, torch.ones(3, 2, dtype=torch.long))
-    mask = b.narrow([0, 2])
-    assert mask.tolist() == [[1, 1, 1], [1, 1, 1]] and b.rows() == 2
-    cache.update(torch.full((2, 1, 1, 1), 9.0), torch.full((2, 1, 1, 1), 9.0), 0)  # the step's new column
-    b.widen([0, 2])
-    assert b.rows() == 3 and b.mask.tolist() == [[1, 1, 1], [1, 1, 0], [1, 1, 1]]
-    assert b.cache.layers[0].keys[:, 0, :, 0].tolist() == [[0, 1, 9], [2, 3, 0], [4, 5, 9]]
-    b.keep([1])
-    assert b.mask.tolist() == [[1, 1, 0]] and b.rows() == 1
+class Holder:
+    def __init__(self, length=0):
+        self.slot, self.length = None, length
 
 
-def test_steps_write_their_column_into_the_caches_room_and_copy_nothing():
-    b = kv.KVBatch("cpu")
-    cache = kv.new_cache(ExactModel(lm.load_tokenizer()))
-    keys = torch.arange(6, dtype=torch.float32).view(3, 1, 2, 1)
-    cache.update(keys, keys.clone(), 0)
-    b.join(cache, torch.ones(3, 2, dtype=torch.long))
+def write(b, decode=(), pieces=(), value=0.0):
+    """One step's keys through SlotKV.update (as a one-layer model would write them)."""
+    layout = kv.Layout(b, list(decode), list(pieces), [o.length for o in b.owners])
+    b.fit(len(b), layout.room())
+    b.layout = layout
+    t = len(layout.tokens)
+    keys = torch.arange(t, dtype=torch.float32).view(1, 1, t, 1) + value
+    b.update(keys, keys.clone(), 0)
+    return layout
 
-    def column(rows, value):
-        return torch.full((rows, 1, 1, 1), value)
 
-    cache.update(column(3, 7.0), column(3, 7.0), 0)  # a step of every row (adopts the joined tensors once)
-    store = b.cache.layers[0].keys.data_ptr()
-    for k in range(10):
-        b.cache.update(column(3, 10.0 + k), column(3, 10.0 + k), 0)
-        assert b.cache.layers[0].keys.data_ptr() == store  # written in place, no copy of the cache
-    b.narrow([1])
-    b.cache.update(column(1, 99.0), column(1, 99.0), 0)
-    b.widen([1])
-    layer = b.cache.layers[0]
-    assert layer.keys.data_ptr() == store and layer.keys.shape[2] == 2 + 1 + 10 + 1
-    assert layer.keys[:, 0, -2:, 0].tolist() == [[19, 0], [19, 99], [19, 0]]  # holes where rows sat out
-    assert b.mask[:, -1].tolist() == [0, 1, 0]
-    b.keep([0, 2])  # a leave copies once; the next step adopts the kept rows
-    b.cache.update(column(2, 5.0), column(2, 5.0), 0)
-    assert b.cache.layers[0].keys[:, 0, -1, 0].tolist() == [5, 5] and b.rows() == 2
+def test_tokens_go_into_their_slots_and_a_row_that_sits_out_is_not_touched():
+    b = kv.SlotKV("cpu")
+    rows = [Holder() for _ in range(3)]
+    for r in rows:
+        b.take(r)
+    write(b, pieces=[(0, 0, 2), (1, 0, 3), (2, 0, 1)], value=10)  # three prompts join in one pass
+    rows[0].length, rows[1].length, rows[2].length = 2, 3, 1
+    store = b.keys[0].data_ptr()
+    layout = write(b, decode=[(0, 2), (2, 1)], value=20)  # row 1 sits the step out
+    keys = b.keys[0][:, 0, :, 0]
+    assert keys[0, :3].tolist() == [10, 11, 20] and keys[1, :4].tolist() == [12, 13, 14, 0]
+    assert keys[2, :2].tolist() == [15, 21] and b.keys[0].data_ptr() == store  # written in place
+    assert not layout.every_slot and layout.decode_slots.tolist() == [0, 2]
+    # Attention reads each slot to its own length: row 1 (sitting out) is masked to its 3.
+    assert layout.mask[:, 0, 0].tolist() == [[True, True, True], [True, True, True], [True, True, False]]
+
+
+def test_a_leave_moves_the_last_slot_into_its_place_and_an_empty_batch_holds_nothing():
+    b = kv.SlotKV("cpu")
+    rows = [Holder() for _ in range(3)]
+    for r in rows:
+        b.take(r)
+    write(b, pieces=[(0, 0, 2), (1, 0, 2), (2, 0, 2)])
+    for r in rows:
+        r.length = 2
+    b.release(rows[0])
+    assert rows[2].slot == 0 and rows[1].slot == 1 and rows[0].slot is None and len(b) == 2
+    assert b.keys[0][0, 0, :2, 0].tolist() == [4, 5]  # row 2's keys, moved
+    b.release(rows[1])
+    b.release(rows[2])
+    assert len(b) == 0 and b.rows() == 0 and not b.keys  # memory released
+
+
+def test_the_room_grows_for_a_long_row_and_keeps_what_the_slots_hold():
+    b = kv.SlotKV("cpu")
+    r = Holder()
+    b.take(r)
+    write(b, pieces=[(0, 0, 3)], value=1)
+    r.length = 3
+    write(b, decode=[(0, kv.FIRST_ROOM + 5)], value=7)  # past the room: it doubles
+    assert b.room >= kv.FIRST_ROOM + 6 and b.keys[0][0, 0, :3, 0].tolist() == [1, 2, 3]
+    assert b.keys[0][0, 0, kv.FIRST_ROOM + 5, 0] == 7
+
+
+def test_slots_grow_for_more_rows_and_keep_what_they_hold():
+    b = kv.SlotKV("cpu")
+    rows = [Holder() for _ in range(kv.FIRST_SLOTS)]
+    for r in rows:
+        b.take(r)
+    write(b, pieces=[(r.slot, 0, 2) for r in rows])
+    for r in rows:
+        r.length = 2
+    late = Holder()
+    b.take(late)  # one more row than there are slots: they double
+    assert b.slots == 2 * kv.FIRST_SLOTS and b.keys[0][: kv.FIRST_SLOTS, 0, :2, 0].flatten().tolist() == list(range(16))
+
+
+def one_pass(net, prompts, prefixes=None, decode=None):
+    """The prompts' last logits from one fused pass of the engine (attention.py over kv.py's
+    slots), after a kept prefix where `prefixes` has one; with `decode`, a row that decodes a
+    token in the same pass (its prompt prefilled first, alone) comes first."""
+    attention.install(net)
+    b = kv.SlotKV("cpu")
+    holders = []
+
+    def run(decode_rows, pieces, tokens, positions, keep):
+        layout = kv.Layout(b, decode_rows, pieces, [o.length for o in b.owners])
+        b.fit(len(b), layout.room())
+        b.layout = layout
+        mask = {"full_attention": layout, "sliding_attention": layout}
+        keep = torch.tensor(keep, dtype=torch.long)
+        return net(
+            input_ids=torch.tensor([tokens]),
+            position_ids=torch.tensor([positions]),
+            attention_mask=mask,
+            **step_kwargs(net, b, keep),
+        ).logits[0]
+
+    with torch.inference_mode():
+        first = []
+        if decode is not None:
+            h = Holder()
+            b.take(h)
+            run([], [(h.slot, 0, len(decode))], decode, list(range(len(decode))), [len(decode) - 1])
+            h.length = len(decode)
+            holders.append(h)
+            first = [(h.slot, h.length)]
+        pieces, tokens, positions = [], [100] if first else [], [len(decode)] if first else []
+        for p in prompts:
+            h = Holder()
+            b.take(h)
+            start = 0
+            if prefixes is not None and (kept := prefixes.lookup(p)) is not None:
+                start, layers = kept
+                b.put(h.slot, layers, start)
+            pieces.append((h.slot, start, len(p) - start))
+            tokens += p[start:]
+            positions += range(start, len(p))
+        ends = list(itertools.accumulate(n for *_, n in pieces))
+        keep = [len(first) + e - 1 for e in ends]
+        return run(first, pieces, tokens, positions, keep)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_a_left_padded_prefill_gives_each_prompts_logits_alone_within_the_tolerance(dtype):
+def test_prompts_joining_in_one_pass_with_a_decoding_row_give_each_prompts_logits_alone(dtype):
     net = tiny_model(lm.load_tokenizer()).to(dtype)
     prompts = [ids(i) for i in range(5)]
+    together = one_pass(net, prompts, decode=lm.tok(PROMPTS[1]).input_ids)
+    each = [one_pass(net, [p])[0] for p in prompts]
     with torch.inference_mode():
-        _, _, together = kv.prefill(net, prompts, "cpu", forward_kwargs)
-        each = [kv.prefill(net, [p], "cpu", forward_kwargs)[2][0] for p in prompts]
+        plain = [net(input_ids=torch.tensor([p]), logits_to_keep=1).logits[0, -1] for p in prompts]  # no engine
     scale = max(float(x.abs().max()) for x in each)
     worst = max(float((together[i] - each[i]).abs().max()) for i in range(len(prompts)))
     assert worst <= {torch.float32: 1e-4, torch.bfloat16: 0.05}[dtype] * scale  # as test_engine's TOLERANCE
+    assert all(torch.equal(a, b) for a, b in zip(each, plain, strict=True))  # alone: the model's own arithmetic
 
 
 SHARED = "You are a careful assistant. You answer briefly and exactly, in plain words, and you never guess. "
@@ -330,7 +410,7 @@ def test_a_shared_beginning_is_prefilled_once_and_the_texts_stay_those_of_each_a
 
     e, texts = asyncio.run(run())
     assert e.batch.prefixes.hits == len(prompts) and len(e.batch.prefixes.known) == 1
-    assert len(next(iter(e.batch.prefixes.known))) >= kv.PREFIX_MIN
+    assert len(next(iter(e.batch.prefixes.known))) >= PREFIX_MIN
     assert texts == asyncio.run(each_alone())
 
 
@@ -338,12 +418,13 @@ def test_a_shared_beginning_is_prefilled_once_and_the_texts_stay_those_of_each_a
 def test_a_prefill_after_a_kept_prefix_gives_the_logits_of_a_whole_one_within_the_tolerance(dtype):
     net = tiny_model(lm.load_tokenizer()).to(dtype)
     prompts = [lm.tok(SHARED + p).input_ids for p in PROMPTS]
+    prefixes = Prefixes("cpu")
     with torch.inference_mode():
-        prefix = kv.Prefixes("cpu").find(net, prompts, forward_kwargs)
-        assert prefix is not None and prefix[0] >= kv.PREFIX_MIN
-        _, mask, after = kv.prefill(net, prompts, "cpu", forward_kwargs, prefix)
-        whole = [kv.prefill(net, [p], "cpu", forward_kwargs)[2][0] for p in prompts]
-    assert mask.shape == (len(prompts), max(len(p) for p in prompts))
+        prefixes.learn(net, prompts, forward_kwargs)
+    assert len(prefixes.known) == 1 and len(next(iter(prefixes.known))) >= PREFIX_MIN
+    after = one_pass(net, prompts, prefixes)
+    whole = [one_pass(net, [p])[0] for p in prompts]
+    assert prefixes.hits == len(prompts)
     scale = max(float(x.abs().max()) for x in whole)
     worst = max(float((after[i] - whole[i]).abs().max()) for i in range(len(prompts)))
     assert worst <= {torch.float32: 1e-4, torch.bfloat16: 0.05}[dtype] * scale

@@ -1,20 +1,22 @@
 """One step of the batched engine, as the engine's thread runs it (batched.py owns the thread, the
 lock and what the event loop calls): the stop flags, the rows the policy runs, the prompts that
-join. `Batch` owns the rows in the batch, the prompts being prefilled, the batch's KV cache
-(kv.py), the shared prefixes and the step's timings; it touches the waiting room and the
-counters the event loop reads only under the engine's lock. A test drives it without a thread:
-rows admitted by hand, `step()` with a fake clock.
+join, all in one forward pass. `Batch` owns the rows in the batch, the prompts being prefilled,
+the slots of the KV cache (kv.py), the shared prefixes and the step's timings; it touches the
+waiting room and the counters the event loop reads only under the engine's lock. A test drives
+it without a thread: rows admitted by hand, `step()` with a fake clock.
 
 - a step first checks every stop flag once (a stopped or finished row leaves at that step and its
-  rows of the KV cache are dropped), then decodes the rows the policy runs (one forward pass),
-  then prefills the prompts that join: every waiting prompt that fits the step's prefill budget
-  in one left-padded forward pass, or one PREFILL_CHUNK of a longer prompt (alone, a chunk a
-  step). A prompt's last pass samples its first token and its KV rows join the batch's;
+  slot is freed), then runs one forward pass over a flat sequence of tokens: the last token of
+  each row the policy runs, then the pieces of joining prompts that fit the step's prefill budget
+  (a prompt longer than PREFILL_CHUNK a chunk a step, so it delays the others by a chunk, not all
+  of it). Each token's keys and values go straight into its row's slot, and attention reads the
+  slots (attention.py), so the rows that sit out cost nothing and the prompts that join ride in
+  the decode's pass instead of a second one (Sarathi-Serve's chunked prefill, one weight read);
+- a prompt whose last piece is in gets its first token from that pass and joins the decoding rows;
 - each row samples with its own seeded draws, temperature and top_p (sampling.choose_batch), and
   its tokens go through its job's per-token routine (job.py).
 
-Leaves out: the thread and its wait (batched.py), paged KV memory (a join or leave copies the
-batch's cache), and fusing the prefill into the decode's forward pass.
+Leaves out: the thread and its wait (batched.py), and paged KV memory (kv.py).
 """
 
 from __future__ import annotations
@@ -26,27 +28,29 @@ from typing import Any
 
 import torch
 
-from streaming.generation import kv
+from streaming.generation import attention
 from streaming.generation.job import Job
+from streaming.generation.kv import Layout, SlotKV
 from streaming.generation.parts import StepParts
 from streaming.generation.policy import Fifo, Qoe, StepCosts, prefill_group
+from streaming.generation.prefixes import Prefixes
 from streaming.generation.sampling import Draws, choose_batch
 from streaming.generation.waiting import WaitingRoom
-from streaming.model.loading import Model, forward_kwargs
+from streaming.model.loading import Model, forward_kwargs, step_kwargs
 
 
 class Row:
-    """One request inside the engine: its sampler, its place in the batch, and what the policy
-    reads of it (policy.Reading)."""
+    """One request inside the engine: its sampler, its slot, and what the policy reads of it
+    (policy.Reading)."""
 
     def __init__(self, job: Job, now: float) -> None:
         p = job.params
         self.job, self.ids = job, job.context
         self.draws = Draws(p.seed, len(job.prior))  # token i's draw depends on the seed and i only
         self.temperature, self.top_p = p.temperature, p.top_p
-        self.cache: Any = None  # its own cache while a long prompt is prefilled in chunks
-        self.filled = 0  # prompt tokens prefilled so far
-        self.length = 0  # tokens in its KV cache: the position of the next input
+        self.slot: int | None = None  # its place in the KV cache, from its first prompt piece on
+        self.filled = 0  # prompt tokens in its slot so far
+        self.length = 0  # tokens in its slot: the position of the next input
         self.next: int | None = None  # the token to feed at the next step
         self.not_before = now + job.options.first_delay  # testing: --first-delay
         self.created = self.last_at = now
@@ -74,9 +78,9 @@ class Batch:
         self.model, self.device, self.chunk, self.policy, self.clock = model, model.device, chunk, policy, clock
         self.waiting, self.lock = waiting, lock  # shared with the event loop: touched under the lock
         self.joining: collections.deque[Row] = collections.deque()  # admitted, prompt being prefilled
-        self.rows: list[Row] = []  # in the batch, one per row of `kv`
-        self.kv = kv.KVBatch(self.device)
-        self.prefixes = kv.Prefixes(self.device)
+        self.rows: list[Row] = []  # decoding
+        self.kv = SlotKV(self.device)
+        self.prefixes = Prefixes(self.device)
         self.parts = StepParts()
         self.costs = StepCosts()  # decode steps' seconds by rows run: the policy lets rows ride where free
         self.tokens = self.skipped = 0  # tokens sampled, row-steps sat out (written under the lock)
@@ -98,18 +102,19 @@ class Batch:
         """A step failed: every request in it fails, the batch starts empty (the engine goes on)."""
         for row in list(self.rows) + list(self.joining):
             self.end(row, error=error)
-        self.rows, self.kv = [], kv.KVBatch(self.device)
+            row.slot = None
+        self.rows, self.kv = [], SlotKV(self.device)
         self.joining.clear()
 
     def step(self) -> None:
-        """The stop flags, then the rows the policy runs, then the prompts that join (after the
-        decode: a row that joins now has its first token for this step)."""
+        """The stop flags, then one pass: the rows the policy runs and the prompts that join (a
+        row whose prompt is all in has its first token from this pass)."""
         self.drop_stopped()
         plan = self.policy.plan(self.rows, self.clock(), self.joining[0].created if self.joining else None, self.costs)
-        if plan.run:
-            self.decode(sorted(plan.run))
-        if self.joining:
-            self.prefill(plan.prefill)
+        run = sorted((self.rows[i] for i in plan.run), key=lambda r: r.slot or 0)  # in slot order
+        pieces = self.pieces(plan.prefill) if self.joining else []
+        if run or pieces:
+            self.forward(run, pieces)
 
     def drop_stopped(self) -> None:
         """The once-per-step check of every stop flag (a waiting row's too: it leaves its place)."""
@@ -121,79 +126,87 @@ class Batch:
             if row.job.stop.is_set():
                 self.joining.remove(row)
                 self.end(row, "stopped")
+                if row.slot is not None:
+                    self.kv.release(row)
         if any(row.job.stop.is_set() for row in self.rows):
             for row in self.rows:
                 if row.job.stop.is_set():
                     self.end(row, "stopped")
             self.compact()
 
-    def prefill(self, budget: int) -> None:
-        """The joining prompts that fit `budget` tokens, in one forward pass; or one chunk of a
-        long prompt. A prompt whose last token is in gets its first token and joins the batch."""
-        m, device = self.model.net, self.device
-        first = self.joining[0]
-        if first.filled or len(first.ids) > self.chunk:
-            if first.cache is None:
-                first.cache = kv.new_cache(m)
-            part = first.ids[first.filled : first.filled + self.chunk]
-            x = torch.tensor([part], device=device)
-            with self.parts.timed("prefill"):
-                logits = m(input_ids=x, use_cache=True, **forward_kwargs(m, first.cache)).logits[:, -1]
-            first.filled += len(part)
-            if first.filled == len(first.ids):
-                self.joined([first], first.cache, None, logits)
-            return
-        n = prefill_group([len(r.ids) for r in self.joining], budget, self.chunk)  # none is partly filled
-        group = [self.joining[i] for i in range(n)]  # they leave `joining` once prefilled (a failed step ends them)
-        prompts = [r.ids for r in group]
-        with self.parts.timed("prefill"):
-            prefix = self.prefixes.find(m, prompts, forward_kwargs)
-            cache, mask, logits = kv.prefill(m, prompts, device, forward_kwargs, prefix)
-        self.joined(group, cache, mask, logits)
+    def pieces(self, budget: int) -> list[tuple[Row, int]]:
+        """The prompt tokens that join this step, in order, at most `budget` (a prompt longer
+        than the chunk at most a chunk of it): (row, tokens) each. A prompt starting now takes a
+        slot, after a kept shared beginning if it has one (learned from the prompts starting
+        together)."""
+        fresh = [r for r in self.joining if r.slot is None]
+        if fresh:
+            group = fresh[: prefill_group([len(r.ids) for r in fresh], budget, self.chunk)]
+            with self.parts.timed("prefill"):  # rare: a new shared beginning's own pass
+                self.prefixes.learn(self.model.net, [r.ids for r in group], forward_kwargs)
+        out: list[tuple[Row, int]] = []
+        left = budget
+        for row in self.joining:
+            if left <= 0:
+                break
+            if row.slot is None:
+                self.kv.take(row)
+                if (kept := self.prefixes.lookup(row.ids)) is not None:
+                    n, layers = kept
+                    assert row.slot is not None
+                    self.kv.put(row.slot, layers, n)
+                    row.filled = row.length = n
+            rest = len(row.ids) - row.filled
+            n = min(rest, left, self.chunk if len(row.ids) > self.chunk else rest)
+            out.append((row, n))
+            left -= n
+        return out
 
-    def joined(self, group: list[Row], cache: Any, mask: Any, logits: Any) -> None:
-        """Prefilled rows: their first tokens; those that go on join the batch's cache."""
-        for r in group:
-            self.joining.remove(r)
-            r.length = r.filled = len(r.ids)
-            r.cache = None
-        self.emit(group, logits)
-        device = self.device
-        part = kv.KVBatch(device)
-        live = [i for i, r in enumerate(group) if not r.done]
+    def forward(self, run: list[Row], pieces: list[tuple[Row, int]]) -> None:
+        """One forward pass: a token for each row in `run`, the prompt pieces after them."""
+        m = self.model.net
+        attention.install(m)
         with self.parts.timed("kv"):
-            part.join(cache, mask if mask is not None else kv.ones(cache, len(group), device))
-            if len(live) < len(group):
-                part.keep(live)
-            if live:
-                self.kv.join(part.cache, part.mask)
-        self.rows += [group[i] for i in live]
-
-    def decode(self, run: list[int]) -> None:
-        """One forward pass for the rows `run` (indices into self.rows): each feeds its last token."""
-        m, device = self.model.net, self.device
-        rows = [self.rows[i] for i in run]
-        everyone = len(rows) == len(self.rows)
-        with self.parts.timed("kv"):
-            mask = self.kv.extend() if everyone else self.kv.narrow(run)
+            layout = Layout(
+                self.kv,
+                [(r.slot, r.length) for r in run],  # type: ignore[misc]
+                [(r.slot, r.filled, n) for r, n in pieces],  # type: ignore[misc]
+                [o.length for o in self.kv.owners],
+            )
+            self.kv.fit(len(self.kv), layout.room())
+        ids = [r.next for r in run] + [t for r, n in pieces for t in r.ids[r.filled : r.filled + n]]
+        positions = [r.length for r in run] + [p for r, n in pieces for p in range(r.filled, r.filled + n)]
+        joined, keep = [], list(range(len(run)))  # the logits wanted: each decode token's, each joined prompt's last
+        for (r, n), (*_, offset, _) in zip(pieces, layout.pieces, strict=True):
+            if r.filled + n == len(r.ids):
+                joined.append(r)
+                keep.append(offset + n - 1)
+        self.kv.layout = layout
         with self.parts.timed("forward"):
             out = m(
-                input_ids=torch.tensor([[r.next] for r in rows], device=device),
-                position_ids=torch.tensor([[r.length] for r in rows], device=device),
-                attention_mask=mask,  # None when no row has padding: the same arithmetic as the thread engine
+                input_ids=torch.tensor([ids], device=self.device),
+                position_ids=torch.tensor([positions], device=self.device),
+                attention_mask={"full_attention": layout, "sliding_attention": layout},
                 use_cache=True,
-                **forward_kwargs(m, self.kv.cache),
+                **step_kwargs(m, self.kv, torch.tensor(keep, dtype=torch.long, device=self.device)),
             )
-        self.costs.record(len(rows), self.parts.last["forward"])
-        if not everyone:
-            with self.parts.timed("kv"):
-                self.kv.widen(run)
+        self.kv.layout = None
+        if not pieces:  # a decode step's cost, by rows run (the policy's StepCosts)
+            self.costs.record(len(run), self.parts.last["forward"])
+        if len(run) < len(self.rows):
             with self.lock:
-                self.skipped += len(self.rows) - len(rows)
-        for r in rows:
+                self.skipped += len(self.rows) - len(run)
+        for r in run:
             r.length += 1
-        self.emit(rows, out.logits[:, -1])
-        if any(r.done for r in rows):
+        for r, n in pieces:
+            r.filled += n
+            r.length = r.filled
+        for r in joined:
+            self.joining.remove(r)
+            self.rows.append(r)
+        logits = out.logits[0]
+        self.emit(run + joined, logits if logits.shape[0] == len(keep) else logits[keep])
+        if any(r.done for r in run + joined):
             self.compact()
 
     def emit(self, rows: list[Row], logits: Any) -> None:
@@ -219,10 +232,11 @@ class Batch:
             row.job.fail(error)
 
     def compact(self) -> None:
-        """Drop the rows that are done: their KV memory goes with them."""
-        keep = [i for i, r in enumerate(self.rows) if not r.done]
+        """Drop the rows that are done: their slots go back."""
+        gone = [r for r in self.rows if r.done]
         with self.lock:
-            self.waiting.left(self.clock(), len(self.rows) - len(keep))  # places freed
+            self.waiting.left(self.clock(), len(gone))  # places freed
         with self.parts.timed("kv"):
-            self.kv.keep(keep)
-        self.rows = [self.rows[i] for i in keep]
+            for r in gone:
+                self.kv.release(r)
+        self.rows = [r for r in self.rows if not r.done]

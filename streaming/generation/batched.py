@@ -2,17 +2,16 @@
 
 The article's server runs a thread per request, so sixteen readers share the model sixteen ways
 and each gets a sixteenth of it. Here one thread owns the model and runs a loop of steps; each
-step is one forward pass for the rows that run (a batch of 16 costs far less than 16 batches of
-one), then one forward pass for the prompts that join (batch.py: the step itself). Between steps:
+step is one forward pass for the rows that run and the prompts that join (a batch of 16 costs far
+less than 16 batches of one; batch.py: the step itself). Between steps:
 
 - the policy (policy.py: `fifo`, every row every step; or `qoe`, the rows whose readers are about
   to wait, first) says which rows run and how many prompt tokens may join;
-- requests join: every waiting prompt that fits the step's prefill budget is prefilled in one
-  left-padded forward pass (a burst of 48 short prompts joins in a few steps, not 48); a prompt
-  longer than PREFILL_CHUNK is prefilled alone, a chunk a step, so it delays the others by a
-  chunk, not by all of it;
+- requests join: the waiting prompts' tokens ride in the step's pass, up to its prefill budget
+  (a burst of 48 short prompts joins in a few steps, not 48); a prompt longer than PREFILL_CHUNK
+  at most a chunk a step, so it delays the others by a chunk, not by all of it;
 - the stop flags are checked, once per step, as the article says a batched engine does: a stopped
-  or finished row leaves the batch at that step and its rows of the KV cache are dropped;
+  or finished row leaves the batch at that step and its slot of the KV cache is freed;
 - at most `max_batch` requests are active; the rest wait in order (the server sends them
   keep-alive pings that say their place meanwhile), those with a reader before readerless
   resumable streams; past `max_waiting` waiting, a new request is refused (`refusal()`: the
@@ -20,7 +19,7 @@ one), then one forward pass for the prompts that join (batch.py: the step itself
 - `call(fn)` runs a function on the engine's thread between steps (the model's loading).
 
 Alone, a request gives the same tokens as with the thread engine; in a batch, its logits can
-differ in the last bits (padding changes the shapes of the arithmetic), so a sampled text may
+differ in the last bits (more rows change the shapes of the arithmetic), so a sampled text may
 differ: in float32 rarely, in bfloat16 often (the tests state the tolerance).
 
 Leaves out: --queue's backpressure (a row is never paused for a slow reader: its queue grows; the
@@ -45,9 +44,7 @@ from streaming.generation.waiting import MAX_WAITING, WaitingRoom
 from streaming.model.loading import Model
 
 MAX_BATCH = 64  # active requests per step: past it they wait. 64 rows of 4k tokens is ~6 GB of KV in float32
-PREFILL_CHUNK = (
-    128  # a longer prompt is prefilled alone, this many tokens a step: the extra wait it adds to others' gaps
-)
+PREFILL_CHUNK = 128  # a longer prompt joins at most this many tokens a step: the extra wait it adds to others' gaps
 
 
 class BatchEngine:

@@ -1,236 +1,185 @@
-"""The batch's KV cache as the engine keeps it: one row per request, all rows left-padded to one
-length, with the (B, L) attention mask that says which columns each row uses.
+"""The batch's KV cache as slots, and the layout of one step over them.
 
-Plain tensor bookkeeping, no threads, so the tests can check it directly:
+Every request in the batch owns a slot: a row of keys and values allocated ahead (each layer's
+are (slots, kv heads, room, head dim)), filled up to the request's own length. A step is one
+forward pass over a flat sequence of tokens (a batch of one): a token for each decoding row that
+runs, then the pieces of prompts that join (a short prompt whole, a long one a chunk). `Layout`
+says where each token goes (its slot and position); the model's layers hand their new keys and
+values to `SlotKV.update`, which writes each token's into its slot, and attention
+(attention.py) reads the slots through the layout. So:
 
-- `join(cache, mask)`: rows prefilled together (one or many) enter the batch; the shorter side is
-  left-padded with zero keys and values that the mask hides;
-- `keep(index)`: rows that ended leave (their memory goes with them), then the columns no
-  remaining row uses are cut;
-- `extend()` before a step of every row: one more column, used by all;
-- `narrow(index)` / `widen(index)` around a step of some rows only (the QoE schedule): the chosen
-  rows' keys and values are taken out as a smaller cache for the forward pass, and afterwards
-  their new column is written into the batch's; a row that sat the step out gets a hidden
-  (masked) column there. The holes cost memory, not correctness: attention never reads a masked
-  column, and each row's positions are its own count of tokens (the engine passes them);
-- `prefill(model, prompts)`: several prompts in one left-padded forward pass, as one cache,
-  after the kept KV of a beginning they share (`Prefixes`).
+- a row that sits a step out costs nothing: its slot is not touched (before, the running rows'
+  keys were gathered into a smaller cache and the new column scattered back: 4-63 ms a step);
+- a prompt joins in the same pass as the others' decode (Sarathi-Serve's chunked prefill), and
+  copies nothing of theirs: its keys are written straight into its slot;
+- a row that leaves copies one row: the last slot moves into its place, so the slots in use stay
+  0..n-1 and attention reads one block;
+- the room grows by doubling (one copy of the cache, a few times in a long answer) and shrinks
+  when most of the batch has left; an empty batch holds no memory.
 
-Each layer's keys and values grow in place (growing.py's `GrowingLayer`): a step writes its column into
-room kept at the end, where transformers' DynamicLayer concatenates, copying the whole cache at
-every step. So a step of every row copies nothing, a narrowed step copies the rows it runs (their
-gather; writing their column back is all of `widen`), and a join or leave copies the batch once.
-
-Leaves out: paged memory (a join or leave copies the cache; a narrowed step gathers its rows).
+Plain tensor bookkeeping, no threads and no model: the tests drive it directly.
+Leaves out: pages (vLLM's PagedAttention): every slot has room for the batch's longest row.
 """
 
 from __future__ import annotations
 
-import copy
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-PREFIX_MIN = 16  # shared prompt tokens worth keeping a KV copy of (the bundled chat template's share 24)
-PREFIXES = 8  # shared prefixes kept: a server sees few system prompts
+FIRST_SLOTS = 8  # slots allocated at first (doubled when more rows hold places)
+FIRST_ROOM = 256  # tokens of room a slot has at first (doubled when a row needs more)
+SHRINK = 4  # shrink when the rows in use need a quarter of what is held or less
 
 
-class KVBatch:
+class Holder(Protocol):
+    """What a slot's owner has (the engine's Row): its slot, and the tokens in it."""
+
+    slot: int | None
+    length: int
+
+
+class SlotKV:
+    """Keys and values of every layer, one slot per request; the model's cache object (`update`)."""
+
     def __init__(self, device: str) -> None:
         self.device = device
-        self.cache: Any = None  # a transformers DynamicCache with one row per request, or None
-        self.mask: Any = None  # (B, L) long tensor: 1 where a row has a key, 0 for padding or a hole
-        self.full: Any = None  # while narrowed: the whole batch's layers
+        self.keys: dict[int, torch.Tensor] = {}  # by layer: (slots, heads, room, dim)
+        self.values: dict[int, torch.Tensor] = {}
+        self.owners: list[Holder] = []  # the Holder in each slot in use: owners[i].slot == i
+        self.slots, self.room = FIRST_SLOTS, FIRST_ROOM  # what each layer's tensors hold
+        self.layout: Layout | None = None  # the step being run
 
     def __len__(self) -> int:
-        return 0 if self.mask is None else int(self.mask.shape[0])
-
-    def join(self, cache: Any, mask: Any) -> None:
-        """Append the rows of `cache` (their mask (k, n)) to the batch."""
-        if self.cache is None:
-            self.cache, self.mask = cache, mask
-            return
-        width = max(self.mask.shape[1], mask.shape[1])
-        merged = [
-            (torch.cat([pad(k, width), pad(k2, width)]), torch.cat([pad(v, width), pad(v2, width)]))
-            for (k, v), (k2, v2) in zip(layers(self.cache), layers(cache), strict=True)
-        ]
-        set_layers(self.cache, merged)
-        self.mask = torch.cat([pad_mask(self.mask, width), pad_mask(mask.to(self.mask.dtype), width)])
-
-    def keep(self, index: list[int]) -> None:
-        """Keep these rows (in this order), drop the others and the leading columns none uses."""
-        if not index:
-            self.cache = self.mask = None
-            return
-        i = torch.tensor(index, device=self.device)
-        mask = self.mask.index_select(0, i)
-        start = int(mask.any(0).int().argmax())  # the first column some row uses
-        self.mask = mask[:, start:]
-        set_layers(
-            self.cache,
-            [(k.index_select(0, i)[:, :, start:], v.index_select(0, i)[:, :, start:]) for k, v in layers(self.cache)],
-        )
-
-    def extend(self) -> Any:
-        """Before a step of every row: the mask gains a used column. Returns the mask to pass to
-        the model, or None when no row has padding (the same arithmetic as a request alone)."""
-        ones = torch.ones(len(self), 1, dtype=self.mask.dtype, device=self.device)
-        self.mask = torch.cat([self.mask, ones], 1)
-        return None if bool(self.mask.all()) else self.mask
-
-    def narrow(self, index: list[int]) -> Any:
-        """Before a step of these rows only: the cache holds just them (gathered) until widen().
-        Returns their mask with the new column (always passed: rows narrowed out leave padding)."""
-        from transformers import DynamicLayer
-
-        i = torch.tensor(index, device=self.device)
-        self.full = self.cache.layers
-        small = []
-        for layer in self.full:
-            part = DynamicLayer()
-            k, v = layer.keys.index_select(0, i), layer.values.index_select(0, i)
-            part.lazy_initialization(k, v)
-            part.keys, part.values = k, v
-            small.append(part)
-        self.cache.layers = small
-        mask = self.mask.index_select(0, i)
-        return torch.cat([mask, torch.ones(len(index), 1, dtype=mask.dtype, device=self.device)], 1)
-
-    def widen(self, index: list[int]) -> None:
-        """After the step of `index`'s rows: every row gets the new column, theirs used, the
-        others' a hole; only the new column is written."""
-        i = torch.tensor(index, device=self.device)
-        from streaming.generation.growing import grown
-
-        layers = [grown(big) for big in self.full]
-        for big, small in zip(layers, self.cache.layers, strict=True):
-            big.add_column(i, small.keys[:, :, -1:], small.values[:, :, -1:])
-        self.cache.layers = layers
-        column = torch.zeros(len(self), 1, dtype=self.mask.dtype, device=self.device)
-        column[i] = 1
-        self.mask = torch.cat([self.mask, column], 1)
-        self.full = None
+        return len(self.owners)
 
     def rows(self) -> int:
-        """Rows in the cache's tensors (tests: memory released)."""
-        return 0 if self.cache is None else int(self.cache.layers[0].keys.shape[0])
+        """Rows held in memory (0 once the batch is empty: tests of memory released)."""
+        return self.slots if self.keys else 0
+
+    # --- places --------------------------------------------------------------------------------
+
+    def take(self, owner: Holder) -> int:
+        """A slot for `owner` (its length starts at 0)."""
+        owner.slot = len(self.owners)
+        self.owners.append(owner)
+        self.fit(len(self.owners), 1)
+        return owner.slot
+
+    def release(self, owner: Holder) -> None:
+        """`owner` leaves: the last slot's row moves into its place (one row's copy)."""
+        i, last = owner.slot, self.owners.pop()
+        owner.slot = None
+        if last is not owner:
+            assert i is not None and last.slot is not None
+            for store in (*self.keys.values(), *self.values.values()):
+                store[i, :, : last.length] = store[last.slot, :, : last.length]
+            self.owners[i], last.slot = last, i
+        if not self.owners:  # an empty batch holds nothing
+            self.keys, self.values = {}, {}
+            self.slots, self.room = FIRST_SLOTS, FIRST_ROOM
+            return
+        longest = max(o.length for o in self.owners)
+        slots = self.slots if len(self.owners) * SHRINK > self.slots else max(FIRST_SLOTS, 2 * len(self.owners))
+        room = self.room if longest * SHRINK > self.room else max(FIRST_ROOM, 2 * longest)
+        if (slots, room) != (self.slots, self.room):
+            self.resize(slots, room)
+
+    def put(self, slot: int, layers: list[tuple[torch.Tensor, torch.Tensor]], n: int) -> None:
+        """Copy the first n keys and values of a one-row cache (a kept shared prefix) into a slot."""
+        self.fit(len(self.owners), n)
+        for layer, (k, v) in enumerate(layers):
+            keys, values = self.store(layer, k, v)
+            keys[slot, :, :n] = k[0, :, :n]
+            values[slot, :, :n] = v[0, :, :n]
+
+    # --- memory --------------------------------------------------------------------------------
+
+    def fit(self, slots: int, room: int) -> None:
+        """Make room for `slots` slots of `room` tokens (doubling what is short)."""
+        if slots > self.slots or room > self.room:
+            self.resize(
+                self.slots if slots <= self.slots else max(slots, 2 * self.slots),
+                self.room if room <= self.room else max(room, 2 * self.room),
+            )
+
+    def resize(self, slots: int, room: int) -> None:
+        n = min(len(self.owners), self.slots, slots)  # (a slot just taken has nothing to keep yet)
+        used = min(max((o.length for o in self.owners), default=0), self.room, room)
+        for stores in (self.keys, self.values):
+            for layer, old in stores.items():
+                new = old.new_zeros(slots, old.shape[1], room, old.shape[3])
+                new[:n, :, :used] = old[:n, :, :used]
+                stores[layer] = new
+        self.slots, self.room = slots, room
+
+    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's keys and values, allocated on its first use like `k` and `v` ((1, heads, n, dim))."""
+        if layer not in self.keys:
+            self.keys[layer] = k.new_zeros(self.slots, k.shape[1], self.room, k.shape[3])
+            self.values[layer] = v.new_zeros(self.slots, v.shape[1], self.room, v.shape[3])
+        return self.keys[layer], self.values[layer]
+
+    # --- the model's cache ---------------------------------------------------------------------
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *_: Any, **__: Any) -> Any:
+        """A layer's keys and values for the step's tokens ((1, heads, T, dim)): each into its slot."""
+        layout = self.layout
+        assert layout is not None, "a step's layout is set before the forward pass"
+        keys, values = self.store(layer_idx, key_states, value_states)
+        keys[layout.slot_of, :, layout.position_of] = key_states[0].transpose(0, 1)
+        values[layout.slot_of, :, layout.position_of] = value_states[0].transpose(0, 1)
+        return key_states, value_states
+
+    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.keys[layer], self.values[layer]
 
 
-def new_cache(m: Any) -> Any:
-    """A DynamicCache for the model whose plain layers grow in place (growing.py)."""
-    from streaming.generation.growing import new_cache
+class Layout:
+    """Where one step's tokens go, and what attention needs to read them back.
 
-    return new_cache(m)
+    `decode`: (slot, position) of each decoding row's token, in slot order; `pieces`: (slot,
+    start, n) of each prompt piece, whose n tokens follow the decode tokens in order. `lengths`:
+    the tokens in each slot in use before the step."""
 
+    def __init__(
+        self,
+        kv: SlotKV,
+        decode: list[tuple[int, int]],
+        pieces: list[tuple[int, int, int]],
+        lengths: list[int],
+    ) -> None:
+        device = kv.device
+        self.kv, self.used = kv, len(lengths)
+        self.tokens = list(decode) + [(s, p) for s, start, n in pieces for p in range(start, start + n)]
+        self.slot_of = torch.tensor([s for s, _ in self.tokens], device=device)
+        self.position_of = torch.tensor([p for _, p in self.tokens], device=device)
+        self.decoding = len(decode)
+        # Decode tokens attend in one batched call over slots 0..used-1: a slot that does not run
+        # gets a zero query whose answer is dropped (it costs its share of attention, no copy).
+        slots = [s for s, _ in decode]
+        self.every_slot = slots == list(range(self.used))  # then no query needs placing
+        self.decode_slots = torch.tensor(slots, device=device)
+        lengths = list(lengths)
+        for s, p in decode:
+            lengths[s] = p + 1
+        self.longest = max((p + 1 for _, p in decode), default=0)
+        seen = [min(max(1, n), self.longest) for n in lengths]  # at least one column: no empty softmax
+        self.mask: torch.Tensor | None = None  # (used, 1, 1, longest) bool; None: every column of every slot
+        if decode and any(n != self.longest for n in seen):
+            columns = torch.arange(self.longest, device=device)
+            self.mask = (columns[None, :] < torch.tensor(seen, device=device)[:, None]).view(self.used, 1, 1, -1)
+        # Each piece attends causally to its slot up to its own end: (slot, start, n, offset, mask).
+        self.pieces: list[tuple[int, int, int, int, torch.Tensor | None]] = []
+        offset = self.decoding
+        for s, start, n in pieces:
+            mask = None  # a whole prompt from its start: SDPA's own causal mask
+            if start and n > 1:
+                rows, columns = torch.arange(n, device=device), torch.arange(start + n, device=device)
+                mask = (columns[None, :] <= start + rows[:, None]).view(1, 1, n, start + n)
+            self.pieces.append((s, start, n, offset, mask))
+            offset += n
 
-def layers(cache: Any) -> list[tuple[Any, Any]]:
-    return [(layer.keys, layer.values) for layer in cache.layers]
-
-
-def set_layers(cache: Any, kv: list[tuple[Any, Any]]) -> None:
-    for layer, (k, v) in zip(cache.layers, kv, strict=True):
-        layer.keys, layer.values = k.contiguous(), v.contiguous()
-        if getattr(layer, "store", None) is not None:
-            layer.store = None  # a growing layer's old room goes now (a leave frees its rows' memory at once)
-
-
-def pad(t: Any, width: int) -> Any:
-    """Left-pad a (B, H, L, D) tensor with zeros to length `width` (masked out, never attended)."""
-    missing = width - t.shape[2]
-    return t if missing == 0 else torch.nn.functional.pad(t, (0, 0, missing, 0))
-
-
-def pad_mask(mask: Any, width: int) -> Any:
-    missing = width - mask.shape[1]
-    return mask if missing == 0 else torch.nn.functional.pad(mask, (missing, 0))
-
-
-def ones(cache: Any, rows: int, device: str) -> Any:
-    """The mask of a cache without padding."""
-    return torch.ones(rows, cache.layers[0].keys.shape[2], dtype=torch.long, device=device)
-
-
-def prefill(
-    m: Any, prompts: list[list[int]], device: str, forward_kwargs: Any, prefix: tuple[int, Any] | None = None
-) -> tuple[Any, Any, Any]:
-    """Prefill prompts together: their cache, its mask (None without padding) and each prompt's
-    last logits (B, V). `prefix`: (n, a one-row cache of the first n tokens, which every prompt
-    shares): only the rest is computed, after a copy of that cache per row (the padding then sits
-    between the prefix and each prompt's rest, masked like any other). One prompt, or prompts of
-    one length, run without a mask: the arithmetic of a request alone."""
-    n = 0
-    if prefix is None:
-        cache = new_cache(m)
-    else:
-        n, shared = prefix
-        cache = copy.deepcopy(shared)
-        set_layers(
-            cache, [(k.expand(len(prompts), -1, -1, -1), v.expand(len(prompts), -1, -1, -1)) for k, v in layers(shared)]
-        )
-    ids, mask, positions = left_padded([p[n:] for p in prompts], device)
-    padded = not bool(mask.all())
-    if n:
-        mask = torch.cat([torch.ones(len(prompts), n, dtype=mask.dtype, device=device), mask], 1)
-        positions = positions + n
-    out = m(
-        input_ids=ids,
-        attention_mask=mask if padded else None,
-        position_ids=positions if padded else None,
-        use_cache=True,
-        **forward_kwargs(m, cache),
-    )
-    return cache, mask if padded else None, out.logits[:, -1]
-
-
-class Prefixes:
-    """The KV of prompt beginnings many requests share (a chat template's system prompt: 24 tokens
-    of the bundled model's 67- to 76-token chat prompts of prompts.json): computed once, copied into every group
-    prefilled after it, so a burst's prefill skips them. At most PREFIXES are kept, the latest
-    used last; a prefix shorter than PREFIX_MIN is not worth keeping."""
-
-    def __init__(self, device: str, keep: int = PREFIXES, shortest: int = PREFIX_MIN) -> None:
-        self.device, self.keep, self.shortest = device, keep, shortest
-        self.known: dict[tuple[int, ...], Any] = {}
-        self.hits = 0  # prompts prefilled after a kept prefix (metrics, tests)
-
-    def find(self, m: Any, prompts: list[list[int]], forward_kwargs: Any) -> tuple[int, Any] | None:
-        """A prefix of every prompt (shorter than each): a kept one, or for two or more prompts
-        their common beginning, computed now and kept."""
-        limit = min(len(p) for p in prompts) - 1  # each keeps a token of its own: its logits
-        best = max(
-            (k for k in self.known if len(k) <= limit and all(p[: len(k)] == list(k) for p in prompts)),
-            key=len,
-            default=None,
-        )
-        common = common_prefix(prompts)[:limit] if len(prompts) > 1 else []
-        if len(common) >= self.shortest and (best is None or len(common) > len(best)):
-            cache = new_cache(m)
-            m(input_ids=torch.tensor([common], device=self.device), use_cache=True, **forward_kwargs(m, cache))
-            best = tuple(common)
-            self.known[best] = cache
-            while len(self.known) > self.keep:
-                del self.known[next(iter(self.known))]
-        if best is None:
-            return None
-        self.known[best] = self.known.pop(best)  # the latest used goes last
-        self.hits += len(prompts)
-        return len(best), self.known[best]
-
-
-def common_prefix(prompts: list[list[int]]) -> list[int]:
-    first = prompts[0]
-    n = 0
-    while n < len(first) and all(len(p) > n and p[n] == first[n] for p in prompts):
-        n += 1
-    return first[:n]
-
-
-def left_padded(prompts: list[list[int]], device: str) -> tuple[Any, Any, Any]:
-    """Several prompts as one left-padded batch: input ids, attention mask and each row's positions
-    (counted from its first real token, so padding does not shift them)."""
-    width = max(len(p) for p in prompts)
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=device)
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    return ids, mask, positions
+    def room(self) -> int:
+        """Tokens of room the step's slots need."""
+        return int(self.position_of.max()) + 1 if self.tokens else 0

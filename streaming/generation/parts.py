@@ -1,6 +1,7 @@
-"""Where the batched engine's step time goes: seconds summed by part (the forward passes of decode
-and prefill, sampling, the KV cache's bookkeeping, the hand-off of each token to its job: its
-detokenizer and its queue to the event loop), read by /metrics.json and `scripts/bench.py profile`.
+"""Where the batched engine's step time goes: seconds summed by part (the forward pass of the
+decode and the joining prompts, "prefill" for a shared beginning's own pass, sampling, the KV
+cache's bookkeeping, the hand-off of each token to its job: its detokenizer and its queue to the
+event loop), read by /metrics.json and `scripts/bench.py profile`.
 
 A `with parts.timed("forward"):` costs two perf_counter calls. Leaves out: per-layer detail
 (torch.profiler's business, which the profile also prints).

@@ -187,3 +187,14 @@ def forward_kwargs(m: Any, cache: Any) -> dict[str, Any]:
     if "logits_to_keep" in names:
         kw["logits_to_keep"] = 1
     return kw
+
+
+def step_kwargs(m: Any, cache: Any, keep: Any) -> dict[str, Any]:
+    """The keywords of the batched engine's step (generation/batch.py): its cache, and the
+    positions whose logits it needs (`keep`, a 1-D tensor) where the model takes them (a model
+    that does not returns every position's: the caller picks)."""
+    names = _forward_parameters(m.__class__)
+    kw: dict[str, Any] = {"cache" if "cache" in names else "past_key_values": cache}
+    if "logits_to_keep" in names:
+        kw["logits_to_keep"] = keep
+    return kw

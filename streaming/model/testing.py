@@ -46,8 +46,9 @@ class ExactModel(torch.nn.Module):
     """`exact`: the next token's logits are a function of the row's tokens so far (their sum and
     count), with four candidates at 4, 3, 2 and 1 and the rest at -inf: small integers, exact in
     every dtype, and a row's logits never depend on the other rows of a batch. It keeps a real KV
-    cache (one layer; the keys carry the token ids, padding is zeros and masked), so the batched
-    engine's joins, padding and compaction run as with a real model."""
+    cache (one layer; the keys carry the token ids), so the batched engine's slots, joins, leaves
+    and kept prefixes run as with a real model: in the engine's steps it reads each row back from
+    its slot (`reads_slots`), elsewhere from a plain cache."""
 
     FIRST, SPAN = 1000, 30000  # candidates among ordinary tokens, which decode to text
 
@@ -66,29 +67,41 @@ class ExactModel(torch.nn.Module):
         )
         self.anchor = torch.nn.Parameter(torch.zeros(1))  # for .to(dtype) and .dtype
 
+    reads_slots = True  # the batched engine's steps: it reads its rows from their slots itself
+
     def forward(
         self,
         input_ids: torch.Tensor,
         attention_mask: Any = None,
         cache: Any = None,
         past_key_values: Any = None,
+        logits_to_keep: Any = None,
         **_: Any,
     ) -> Any:
         cache = cache if cache is not None else past_key_values
         b, n = input_ids.shape
         keys = input_ids.to(torch.float32).view(b, 1, n, 1)  # ids < 2**24: exact in float32
-        keys, _ = cache.update(keys, torch.ones_like(keys), 0)
-        ids = keys.reshape(b, -1).to(torch.int64)  # (a view of a growing cache: not contiguous)
-        count = attention_mask.sum(-1) if attention_mask is not None else torch.full((b,), ids.shape[1])
-        h = (ids.sum(-1) * 1_000_003 + count * 7919) % 1_000_000_007
-        logits = torch.full((b, 1, self.config.vocab_size), float("-inf"), dtype=self.anchor.dtype)
-        for k, value in enumerate((4.0, 3.0, 2.0, 1.0)):
-            candidates = self.FIRST + (h * (k + 3) + k * 104_729) % self.SPAN
-            logits[torch.arange(b), 0, candidates] = value
-        self.script(logits, ids, attention_mask)
+        stored, _ = cache.update(keys, torch.ones_like(keys), 0)
+        layout = attention_mask.get("full_attention") if isinstance(attention_mask, dict) else None
+        if layout is not None:  # a batched engine's step (generation/kv.py): each kept token's slot up to it
+            store = cache.layer(0)[0]
+            kept = logits_to_keep.tolist() if isinstance(logits_to_keep, torch.Tensor) else range(n)
+            rows = [store[s, 0, : p + 1, 0].to(torch.int64).tolist() for s, p in (layout.tokens[j] for j in kept)]
+        else:  # one row or several, its last position: the thread engine, a prefix's prefill
+            ids = stored.reshape(b, -1).to(torch.int64)  # (a view of a cache: not contiguous)
+            rows = [
+                (ids[r][attention_mask[r].bool()] if attention_mask is not None else ids[r]).tolist() for r in range(b)
+            ]
+        logits = torch.full((len(rows), self.config.vocab_size), float("-inf"), dtype=self.anchor.dtype)
+        for r, row in enumerate(rows):
+            h = (sum(row) * 1_000_003 + len(row) * 7919) % 1_000_000_007
+            for k, value in enumerate((4.0, 3.0, 2.0, 1.0)):
+                logits[r, self.FIRST + (h * (k + 3) + k * 104_729) % self.SPAN] = value
+        self.script(logits, rows)
+        logits = logits.unsqueeze(0) if layout is not None else logits.unsqueeze(1)
         return type("Output", (), {"logits": logits})()
 
-    def script(self, logits: torch.Tensor, ids: torch.Tensor, attention_mask: Any) -> None:
+    def script(self, logits: torch.Tensor, rows: list[list[int]]) -> None:
         """Where a subclass may set a row's next token (EchoModel); ExactModel leaves them be."""
 
 
@@ -103,15 +116,12 @@ class EchoModel(ExactModel):
         self.user, self.assistant = ids("<|im_start|>user\n"), ids("<|im_start|>assistant\n")
         self.end = tokenizer.convert_tokens_to_ids("<|im_end|>")
 
-    def script(self, logits: torch.Tensor, ids: torch.Tensor, attention_mask: Any) -> None:
-        for r in range(ids.shape[0]):
-            row = ids[r]
-            if attention_mask is not None and attention_mask.shape[-1] == ids.shape[1]:
-                row = row[attention_mask[r].bool()]  # (padding out)
-            token = self.next_of(row.tolist())
+    def script(self, logits: torch.Tensor, rows: list[list[int]]) -> None:
+        for r, row in enumerate(rows):
+            token = self.next_of(row)
             if token is not None:
-                logits[r, 0, :] = float("-inf")
-                logits[r, 0, token] = 4.0
+                logits[r, :] = float("-inf")
+                logits[r, token] = 4.0
 
     def next_of(self, row: list[int]) -> int | None:
         """The scripted next token of a row, or None if the row is no conversation's answer."""

@@ -1,0 +1,94 @@
+"""Attention over the batch's slots (kv.py), as a transformers attention implementation.
+
+The batched engine runs a step as one forward pass over a flat sequence of tokens, so the
+model's own attention cannot know which token belongs to whom. transformers lets a model's
+attention be any registered function (`AttentionInterface`), called by every layer with the
+layer's queries and whatever the model was given as its attention mask: the engine passes the
+step's `Layout` there, and `attend` reads the slots through it:
+
+- the decode tokens, in one batched call over the slots in use: each a query of its own slot,
+  masked to its slot's length (a slot that sits the step out gets a zero query, its answer
+  dropped);
+- each prompt piece, causal over its own slot up to its end (after a kept prefix or earlier
+  chunks: an explicit mask; a whole prompt: SDPA's own causal mask).
+
+Both are transformers' own `sdpa_attention_forward`, so a request alone computes what it does
+without the engine (the thread engine's arithmetic); a call without a Layout (a prefix's
+prefill, the thread engine, tests) goes to the attention the model had.
+
+Leaves out: sliding-window layers (a model with them is refused: its windows would be ignored).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any
+
+import torch
+
+from streaming.generation.kv import Layout
+
+PREFIX = "slots+"  # the registered name: slots+sdpa for a model whose attention was sdpa
+
+
+def install(m: Any) -> None:
+    """Route the model's attention through `attend` (once; a call without a Layout goes on as
+    before). A model that reads its slots itself (the test models) is left as it is."""
+    if getattr(m, "reads_slots", False):
+        return
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    config = getattr(m, "config", None)
+    was = getattr(config, "_attn_implementation", None)
+    if config is None or not isinstance(was, str):
+        raise ValueError("the batched engine needs a transformers model whose attention is chosen by name")
+    if was.startswith(PREFIX):
+        return
+    if "sliding_attention" in (getattr(config, "layer_types", None) or ()):
+        raise ValueError("the batched engine ignores sliding windows: run this model with --engine thread")
+    name = PREFIX + was
+    if name not in AttentionInterface._global_mapping:
+        fallback = (
+            AttentionInterface._global_mapping.get(was) or sys.modules[type(m).__module__].eager_attention_forward
+        )
+        AttentionInterface.register(name, functools.partial(attend, fallback=fallback))
+        if was in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:  # masks for calls without a Layout
+            masks = ALL_MASK_ATTENTION_FUNCTIONS._global_mapping
+            ALL_MASK_ATTENTION_FUNCTIONS.register(name, masks[was])  # type: ignore[arg-type]
+    config._attn_implementation = name
+
+
+def attend(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Any,
+    *,
+    fallback: Any,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """One layer's attention: through the slots for a step with a Layout, else the model's own."""
+    if not isinstance(attention_mask, Layout):
+        return fallback(module, query, key, value, attention_mask, scaling=scaling, **kwargs)  # type: ignore[no-any-return]
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    layout = attention_mask
+    keys, values = layout.kv.layer(module.layer_idx)
+    heads, tokens = query.shape[1], query.shape[2]
+    out = query.new_empty(1, tokens, heads, values.shape[-1])
+    if r := layout.decoding:
+        q = query[0, :, :r].transpose(0, 1).unsqueeze(2)  # (r, heads, 1, dim)
+        if not layout.every_slot:
+            q = query.new_zeros(layout.used, heads, 1, query.shape[-1]).index_copy_(0, layout.decode_slots, q)
+        k, v = keys[: layout.used, :, : layout.longest], values[: layout.used, :, : layout.longest]
+        o, _ = sdpa_attention_forward(module, q, k, v, layout.mask, scaling=scaling, is_causal=False)
+        out[0, :r] = o[:, 0] if layout.every_slot else o.index_select(0, layout.decode_slots)[:, 0]
+    for slot, start, n, offset, mask in layout.pieces:
+        k, v = keys[slot : slot + 1, :, : start + n], values[slot : slot + 1, :, : start + n]
+        o, _ = sdpa_attention_forward(module, query[:, :, offset : offset + n], k, v, mask, scaling=scaling)
+        out[0, offset : offset + n] = o[0]
+    return out, None
