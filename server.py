@@ -95,7 +95,10 @@ def engine_options(g):
         help="batched: requests that may wait for a place; past it 503 with Retry-After (a balancer tries another)",
     )
     g.add_argument(
-        "--prefill-chunk", type=int, default=PREFILL_CHUNK, help="batched: a longer prompt joins at most N tokens a step"
+        "--prefill-chunk",
+        type=int,
+        default=PREFILL_CHUNK,
+        help="batched: a longer prompt joins at most N tokens a step",
     )
     g.add_argument(
         "--prefill-budget",

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
-TOP_K_FIRST = 1024  # tokens sorted before falling back to a full sort (see choose)
+TOP_K = (64, 1024)  # the likeliest tokens looked at for a nucleus before a full sort (see choose_batch)
 MASK64 = (1 << 64) - 1
 
 
@@ -54,31 +54,17 @@ def choose(
     repetition_penalty: float = 1.0,
 ) -> int:
     """Return the next token id (an int) from a 1-D tensor of logits over the vocabulary;
-    `draws` gives this token's uniform draw (a Draws)."""
-    u = draws()
+    `draws` gives this token's uniform draw (a Draws). The batch's own routine on one row, so a
+    row alone and the same row in a batch get the same token."""
     logits = logits.detach().to(torch.float32).flatten()
     if repetition_penalty != 1.0 and history:
         seen = torch.tensor(sorted(set(history)), device=logits.device)
         x = logits[seen]
         logits = logits.clone()
         logits[seen] = torch.where(x > 0, x / repetition_penalty, x * repetition_penalty)
-    if temperature == 0:
-        return int(torch.argmax(logits))
-    if not 0 < p <= 1:
+    if temperature != 0 and not 0 < p <= 1:
         raise ValueError(f"top_p must be in (0, 1], got {p}")
-    probs = torch.softmax(logits / temperature, dim=-1)
-    # The nucleus is nearly always among the few hundred likeliest tokens: a top-k of them is
-    # 30x cheaper than sorting all 151,936 (27 ms a token here); sort everything only when the
-    # top-k's probability falls short of p.
-    k = min(TOP_K_FIRST, probs.numel())
-    sorted_probs, order = torch.topk(probs, k)
-    if float(sorted_probs.sum()) < p and k < probs.numel():
-        sorted_probs, order = torch.sort(probs, descending=True)
-    # Keep the smallest set of most likely tokens whose probability reaches p: a token stays if
-    # the tokens before it (more likely) add up to less than p. The first token always stays.
-    before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-    kept = sorted_probs.masked_fill(before >= p, 0.0)
-    return int(order[pick(kept, u)])
+    return choose_batch(logits.unsqueeze(0), [draws], [temperature], [p])[0]
 
 
 def pick(kept: torch.Tensor, u: float) -> int:
@@ -93,27 +79,53 @@ def pick(kept: torch.Tensor, u: float) -> int:
 def choose_batch(
     logits: torch.Tensor, draws: Sequence[Draws], temperatures: Sequence[float], top_ps: Sequence[float]
 ) -> list[int]:
-    """choose() for a batch: row i of `logits` (B, V) with its own draws, temperature and
-    top_p; returns a list of B token ids. The softmax and top-k run once for the batch; each row's
-    draw is the same inverse-CDF draw as choose()'s, so a row alone gives choose()'s token. (No
-    repetition penalty: no request sets one.)"""
-    logits = logits.detach().to(torch.float32)
-    temps = torch.tensor([t if t > 0 else 1.0 for t in temperatures], device=logits.device).unsqueeze(1)
-    probs = torch.softmax(logits / temps, dim=-1)
-    k = min(TOP_K_FIRST, probs.shape[-1])
-    top_probs, top_order = torch.topk(probs, k)
-    sums = top_probs.sum(-1).tolist()
-    greedy = torch.argmax(logits, dim=-1).tolist()
-    out: list[int] = []
-    for i, (d, t, p) in enumerate(zip(draws, temperatures, top_ps, strict=True)):
-        u = d()
-        if t == 0:
-            out.append(greedy[i])
-            continue
-        sorted_probs, order = top_probs[i], top_order[i]
-        if sums[i] < p and k < probs.shape[-1]:
-            sorted_probs, order = torch.sort(probs[i], descending=True)
+    """choose() for a batch: row i of `logits` (B, V) with its own draws, temperature and top_p;
+    returns a list of B token ids. Greedy rows take their argmax; the others' softmax and top-k
+    run once for all of them, and each row's draw is an inverse-CDF draw over its nucleus. (No
+    repetition penalty: no request sets one.)
+
+    The nucleus (the smallest set of likeliest tokens whose probability reaches top_p) is nearly
+    always among a few dozen tokens: a top-k of TOP_K[0] is found for every row (2.4x cheaper than
+    one of 1,024 at 64 rows here), the rows whose top-k falls short of top_p look again with
+    TOP_K[1], and those still short sort the whole vocabulary (a flat distribution)."""
+    logits = logits.detach()
+    out = [0] * len(draws)
+    us = [d() for d in draws]  # every token takes its draw, greedy ones too
+    greedy = [i for i, t in enumerate(temperatures) if t == 0]
+    if greedy:
+        best = torch.argmax(logits[greedy], dim=-1).tolist()
+        for i, token in zip(greedy, best, strict=True):
+            out[i] = token
+    sampled = [i for i, t in enumerate(temperatures) if t != 0]
+    if not sampled:
+        return out
+    rows = logits if len(sampled) == len(draws) else logits[sampled]
+    temps = torch.tensor([temperatures[i] for i in sampled], device=logits.device).unsqueeze(1)
+    probs = torch.softmax(rows.to(torch.float32) / temps, dim=-1)
+    vocab = probs.shape[-1]
+    found: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # row in `sampled`: (its probs, their tokens), descending
+    todo = list(range(len(sampled)))
+    for k in TOP_K:
+        if not todo:
+            break
+        k = min(k, vocab)
+        part = probs if len(todo) == len(sampled) else probs[todo]
+        top_probs, top_order = torch.topk(part, k)
+        sums = top_probs.sum(-1).tolist()
+        left = []
+        for j, r in enumerate(todo):
+            if sums[j] >= top_ps[sampled[r]] or k == vocab:
+                found[r] = (top_probs[j], top_order[j])
+            else:
+                left.append(r)
+        todo = left
+    for r in todo:  # a flat distribution: the whole vocabulary, sorted
+        found[r] = torch.sort(probs[r], descending=True)
+    for r, i in enumerate(sampled):
+        sorted_probs, order = found[r]
+        # Keep the smallest set of most likely tokens whose probability reaches p: a token stays
+        # if the tokens before it (more likely) add up to less than p. The first token always stays.
         before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-        kept = sorted_probs.masked_fill(before >= p, 0.0)
-        out.append(int(order[pick(kept, u)]))
+        kept = sorted_probs.masked_fill(before >= top_ps[i], 0.0)
+        out[i] = int(order[pick(kept, us[i])])
     return out
