@@ -28,6 +28,7 @@ from streaming.generation.thread import ThreadJob
 from streaming.model import quant
 from streaming.model.loading import forward_kwargs, step_kwargs
 from streaming.model.testing import ExactModel, tiny_model
+from streaming.qoe import qoe
 from streaming.wire.params import plain_request
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -40,6 +41,7 @@ class Fake:
     delivered: int = 0
     last_at: float = 0.0
     orphaned: bool = False
+    planned: int = 100
 
 
 # --- the policies, on hand-made rows ----------------------------------------------------------
@@ -55,7 +57,7 @@ def test_qoe_skips_a_row_far_ahead_and_runs_the_one_about_to_wait_first():
     rows = [Fake(delivered=200, last_at=19.9), Fake(delivered=88, last_at=19.9), Fake(delivered=80, last_at=19.9)]
     q = Qoe(min_batch=1)
     assert q.slack(0.0, 88, 20.0) == pytest.approx(88 / 4.6 - 19)
-    assert q.plan(rows, now=20.0).run == [2, 1]  # the one behind first; 200 tokens ahead sits out
+    assert sorted(q.plan(rows, now=20.0).run) == [1, 2]  # the two about to wait; 200 tokens ahead sits out
 
 
 def test_qoe_runs_a_row_skipped_for_max_skip_whatever_its_slack():
@@ -133,6 +135,56 @@ def test_qoe_runs_every_row_when_nobody_needs_a_place():
     behind = [*ahead, Fake(delivered=80, last_at=19.9)]
     assert Qoe(min_batch=1).plan(behind, now=20.0).run == [3]  # a reader about to wait runs alone
     assert Qoe(min_batch=1, conserving=False).plan(ahead, now=20.0).run == [0]
+
+
+def test_qoe_runs_no_more_urgent_rows_than_keep_reading_speed_newest_and_shortest_first():
+    costs = StepCosts(weight=1.0)
+    for n, seconds in ((1, 0.10), (2, 0.12), (4, 0.15), (8, 0.30)):  # 4 rows: 6.7 tokens/s each; 8: 3.3
+        costs.record(n, seconds)
+    assert costs.reading_speed_rows(1 / 4.6) == 4
+    # Six readers waiting at t=20: a token now is worth most to the newest and the shortest answers.
+    rows = [Fake(created=c, delivered=d, last_at=19.9, planned=p) for c, d, p in ((0, 80, 300), (10, 30, 300),
+            (5, 50, 100), (0, 80, 100), (12, 20, 300), (15, 10, 300))]  # fmt: skip
+    plan = Qoe(min_batch=1).plan(rows, now=20.0, costs=costs)
+    assert plan.run == [2, 5, 4, 1]  # rows 0 and 3 (the oldest of their lengths) wait their turn
+    assert sorted(Qoe(min_batch=1).plan(rows, now=20.0).run) == list(range(6))  # nothing measured: all run
+
+
+def step_seconds(k):
+    """A step of k rows on a machine shaped like this one (bundled model, bfloat16): a step of 16
+    costs less than twice one of 1, past that the rows cost in full (about 0.12 s for 1 row,
+    0.2 for 16, 0.38 for 32): 16 rows keep reading speed, 32 do not."""
+    return 0.115 + 0.0055 * k if k <= 16 else 0.203 + 0.011 * (k - 16)
+
+
+def whole_readers(policy, n, tokens=100):
+    """n readers asking at once (first tokens already out), stepped on `step_seconds`' machine:
+    each reader's QoE and the longest any row went without a token."""
+    costs, now = StepCosts(weight=1.0), 0.5
+    rows = [Fake(created=0.0, delivered=1, last_at=now, planned=tokens) for _ in range(n)]
+    arrivals = [[(now, 1)] for _ in rows]
+    longest = 0.0
+    while live := [i for i, r in enumerate(rows) if r.delivered < tokens]:
+        run = [live[j] for j in policy.plan([rows[i] for i in live], now, None, costs).run]
+        costs.record(len(run), step_seconds(len(run)))
+        now += step_seconds(len(run))
+        for i in run:
+            longest = max(longest, now - rows[i].last_at)
+            rows[i].delivered += 1
+            rows[i].last_at = now
+            arrivals[i].append((now, 1))
+    return [qoe(a) for a in arrivals], longest
+
+
+def test_qoe_under_overload_serves_whole_readers_instead_of_every_reader_a_share():
+    """24 readers on a machine that keeps 16 at reading speed: the qoe policy serves 16 readers
+    whole (at 0.95 or more) where running every urgent row (fifo) serves none, for about the same
+    mean; and no row goes longer than MAX_SKIP (and a step) without a token."""
+    whole, longest = whole_readers(Qoe(), 24)
+    shared, _ = whole_readers(Fifo(), 24)
+    assert sum(q >= 0.95 for q in whole) >= 16 and sum(q >= 0.95 for q in shared) == 0
+    assert sum(whole) >= 0.9 * sum(shared)
+    assert longest <= MAX_SKIP + step_seconds(24) + 1e-9
 
 
 def test_qoe_starves_no_row_under_overload():

@@ -64,6 +64,10 @@ class Row:
     def orphaned(self) -> bool:
         return self.job.orphaned
 
+    @property
+    def planned(self) -> int:
+        return self.job.params.max_tokens
+
 
 class Batch:
     def __init__(

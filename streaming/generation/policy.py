@@ -11,23 +11,32 @@ is the time left before its reader, reading at R from TTFT on, runs out of deliv
 
     slack = created + TTFT + delivered / R - now       (a prompt not yet answered: delivered 0)
 
-A row with little slack runs (its reader is about to wait, or waits already: the most behind
-first); a row far ahead can sit steps out, which makes the step cheaper for the others and leaves
-time to prefill newcomers, whose first text is what a burst waits for. The prompts that wait to
-join take the whole MAX_PREFILL when the first of them is as far behind as any running row (in a
-burst, first text for everyone before more text for some); otherwise the budget plus what the
-running rows' slack can spare. It is work-conserving: a row sits a step out only when its place
-serves someone who needs it (a reader about to wait, or a prompt waiting to join), and even then
-rows ride along where the engine's measured step costs (`StepCosts`) say they cost at most 10%
-more; with nobody in need every row runs, orphans too, since an idle machine holding a stream back helps nobody (a
-burst of 16 got 70 tokens/s and mean QoE 0.90 under qoe against fifo's 85 and 0.93 when rows far
-ahead sat out of steps that had room). Promises kept:
-- no starvation: slack falls as time passes, so a skipped row becomes urgent; and no row waits
-  more than MAX_SKIP seconds between tokens whatever its slack;
+A row with little slack runs (its reader is about to wait, or waits already); a row far ahead
+can sit steps out, which makes the step cheaper for the others and leaves time to prefill
+newcomers, whose first text is what a burst waits for. The prompts that wait to join take the
+whole MAX_PREFILL when the first of them is as far behind as any running row (in a burst, first
+text for everyone before more text for some); otherwise the budget plus what the running rows'
+slack can spare. It is work-conserving: a row sits a step out only when its place serves someone
+who needs it (a reader about to wait, or a prompt waiting to join), and even then rows ride along
+where the engine's measured step costs (`StepCosts`) say they cost at most 10% more; with nobody
+in need every row runs, orphans too, since an idle machine holding a stream back helps nobody.
+
+**Whole readers under overload.** When more readers need text than the machine can keep at
+reading speed, running all of them makes every one wait (the step grows with the batch, and each
+row gets a token a step): equal shares of too little. So a step runs at most as many urgent rows
+as the measured costs say keep a row at R tokens a second (`StepCosts.reading_speed_rows`: the
+largest row count whose step takes at most 1/R), and picks them by what a token now is worth to
+their readers, after Andes (Liu et al. 2024): a reader who waits loses, each second, R times the
+time left in their expected reading window, out of a whole area of L²/2R (L: the answer's
+length, its max_tokens), so the gain of serving a waiting row is (window end - now) / L² —
+newer and shorter answers first, and among equals always the same ones (the earlier asked, then
+the earlier admitted): the readers served stay served (whole), the others wait their turn, not a
+share of everyone's. Promises kept:
+- no starvation: no row waits more than MAX_SKIP seconds between tokens, whatever its place;
 - a resumable stream with no reader (orphaned) runs only in the spare places of a step.
 
-Leaves out: preemption (a row keeps its KV memory while it sits out) and the Andes knapsack over
-expected QoE gains (the most-behind-first order here is the simple greedy form).
+Leaves out: preemption (a row keeps its KV memory while it waits) and Andes' knapsack over
+predicted lengths (the gain order here is its greedy form, with max_tokens for the length).
 """
 
 from __future__ import annotations
@@ -35,6 +44,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+from streaming.generation.costs import StepCosts
 
 READING_RATE = 4.6  # tokens/s a person reads (238 words a minute through this tokenizer: reading_speed.py)
 EXPECTED_TTFT = 1.0  # seconds a reader expects to wait for the first text (the Andes paper's default)
@@ -45,10 +56,6 @@ PREFILL_BUDGET = 256  # prompt tokens prefilled per step (fifo, and qoe's floor)
 MAX_PREFILL = 2048  # qoe: the most prompt tokens one step takes (~3 s here), however much slack there is
 PREFILL_TOKEN_SECONDS = 1.4e-3  # prefill cost a token, measured here: 8 prompts of 45 tokens in 0.50 s (bf16, 0.5B)
 SCHEDULES = ("fifo", "qoe")
-BANDS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # row counts whose step costs are kept (the kernels' own row counts)
-WHOLE_BAND = 4  # up to this band, its rest rides along unmeasured (4 rows cost what 3 do); past it, measured
-FREE_SHARE = 0.1  # qoe: rows ride along in a step while it costs at most 10% more than the step without them
-COST_WEIGHT = 0.2  # the weight of the latest step in a band's moving average (the machine drifts)
 
 
 class Reading(Protocol):
@@ -62,44 +69,8 @@ class Reading(Protocol):
     def last_at(self) -> float: ...  # when it last ran (or arrived)
     @property
     def orphaned(self) -> bool: ...  # no reader connected (a resumable stream between readers)
-
-
-class StepCosts:
-    """What a decode step of n rows has cost lately, by band (n rounded up to the next of BANDS):
-    a moving average of the engine's own measurements, so the policy knows when more rows cost
-    next to nothing (here a step of 4 rows costs what a step of 1 does, of 16 what one of 8
-    does, with the kernels chosen per row count)."""
-
-    def __init__(self, weight: float = COST_WEIGHT) -> None:
-        self.weight = weight
-        self.seconds: dict[int, float] = {}
-
-    @staticmethod
-    def band(n: int) -> int:
-        return next((b for b in BANDS if b >= n), n)
-
-    def record(self, n: int, seconds: float) -> None:
-        b = self.band(n)
-        old = self.seconds.get(b)
-        self.seconds[b] = seconds if old is None else old + self.weight * (seconds - old)
-
-    def of(self, n: int) -> float | None:
-        return self.seconds.get(self.band(n))
-
-    def free_rows(self, n: int, most: int) -> int:
-        """How many rows a step of n could run instead (at most `most`) for at most FREE_SHARE
-        more time, from what has been measured (n when nothing is known of n's band): the rest
-        of its band if that is at most WHOLE_BAND, or the largest band above that costs at most
-        FREE_SHARE more (a larger step can cost less: another kernel runs it)."""
-        base = self.of(n)
-        if base is None:
-            return n
-        best = self.band(n) if self.band(n) <= WHOLE_BAND else n  # a small band costs the same throughout
-        for b in BANDS:
-            cost = self.of(b)
-            if best < b <= self.band(most) and cost is not None and cost <= base * (1 + FREE_SHARE):
-                best = b
-        return min(best, most)
+    @property
+    def planned(self) -> int: ...  # the answer's most tokens (its max_tokens): its reader's whole window
 
 
 @dataclass(frozen=True)
@@ -144,25 +115,33 @@ class Qoe:
         """Seconds before a reader who reads at R from TTFT on runs out of text (negative: waiting)."""
         return created + self.ttft + delivered / self.rate - now
 
+    def gain(self, row: Reading, now: float) -> float:
+        """What a token now is worth to this row's reader, relatively (Andes): the seconds left in
+        their expected reading window over the whole window's area (L² up to a constant)."""
+        length = max(1, row.planned)
+        return max(0.0, row.created + self.ttft + length / self.rate - now) / (length * length)
+
     def plan(
         self, rows: Sequence[Reading], now: float, joining: float | None = None, costs: StepCosts | None = None
     ) -> Plan:
         """`joining`: when the first prompt waiting to join arrived (None: none waits); `costs`:
-        the engine's step costs, to let rows ride along where they cost next to nothing."""
+        the engine's step costs, to let rows ride along where they cost next to nothing, and to
+        know how many rows a step keeps at reading speed."""
         slack = [self.slack(r.created, r.delivered, now) for r in rows]
-        urgent = [
-            i for i, r in enumerate(rows) if now - r.last_at >= MAX_SKIP or (not r.orphaned and slack[i] < self.horizon)
-        ]
-        if self.conserving and not urgent and joining is None:  # nobody needs a place: everyone runs
+        starving = [i for i, r in enumerate(rows) if now - r.last_at >= MAX_SKIP]
+        urgent = [i for i, r in enumerate(rows) if not r.orphaned and slack[i] < self.horizon and i not in starving]
+        if self.conserving and not urgent and not starving and joining is None:  # nobody needs a place
             return Plan(list(range(len(rows))), self.budget)
-        run = sorted(urgent, key=lambda i: slack[i])
-        rest = sorted((i for i in range(len(rows)) if i not in urgent), key=lambda i: (rows[i].orphaned, slack[i]))
+        urgent.sort(key=lambda i: (-self.gain(rows[i], now), rows[i].created))  # ties: the same readers stay served
+        places = costs.reading_speed_rows(1 / self.rate) if costs is not None else None
+        run = starving + urgent[: max(0, places - len(starving)) if places is not None else len(urgent)]
+        rest = sorted((i for i in range(len(rows)) if i not in run), key=lambda i: (rows[i].orphaned, slack[i]))
         if len(run) < self.min_batch:  # spare places, the least ahead first, readers before orphans
             run += rest[: self.min_batch - len(run)]
         least = min((slack[i] for i in run if not rows[i].orphaned), default=float("inf"))  # before riders
         if self.conserving and costs is not None and run:  # and rows that cost next to nothing
-            places = costs.free_rows(len(run), len(rows))
-            run += [i for i in rest if i not in run][: max(0, places - len(run))]
+            free = costs.free_rows(len(run), len(rows))
+            run += [i for i in rest if i not in run][: max(0, free - len(run))]
         if joining is not None and self.slack(joining, 0, now) <= least:
             return Plan(run, MAX_PREFILL)  # the newcomers are the most behind: admit them in one go
         # Otherwise prefill may take the time the running rows can spare beyond the horizon they

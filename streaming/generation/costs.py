@@ -1,0 +1,67 @@
+"""What the engine's decode steps cost lately, by how many rows ran: the measurements the qoe
+policy plans with (policy.py), from the engine's own steps (batch.py records each decode step's
+forward pass). Pure: seconds in, answers out.
+
+Leaves out: steps with prompts joining (their cost is the prompts', not the rows').
+"""
+
+from __future__ import annotations
+
+BANDS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # row counts whose step costs are kept (the kernels' own row counts)
+WHOLE_BAND = 4  # up to this band, its rest rides along unmeasured (4 rows cost what 3 do); past it, measured
+FREE_SHARE = 0.1  # qoe: rows ride along in a step while it costs at most 10% more than the step without them
+COST_WEIGHT = 0.2  # the weight of the latest step in a band's moving average (the machine drifts)
+
+
+class StepCosts:
+    """What a decode step of n rows has cost lately, by band (n rounded up to the next of BANDS):
+    a moving average of the engine's own measurements, so the policy knows when more rows cost
+    next to nothing (here a step of 4 rows costs what a step of 1 does, of 16 what one of 8
+    does, with the kernels chosen per row count)."""
+
+    def __init__(self, weight: float = COST_WEIGHT) -> None:
+        self.weight = weight
+        self.seconds: dict[int, float] = {}
+
+    @staticmethod
+    def band(n: int) -> int:
+        return next((b for b in BANDS if b >= n), n)
+
+    def record(self, n: int, seconds: float) -> None:
+        b = self.band(n)
+        old = self.seconds.get(b)
+        self.seconds[b] = seconds if old is None else old + self.weight * (seconds - old)
+
+    def of(self, n: int) -> float | None:
+        return self.seconds.get(self.band(n))
+
+    def free_rows(self, n: int, most: int) -> int:
+        """How many rows a step of n could run instead (at most `most`) for at most FREE_SHARE
+        more time, from what has been measured (n when nothing is known of n's band): the rest
+        of its band if that is at most WHOLE_BAND, or the largest band above that costs at most
+        FREE_SHARE more (a larger step can cost less: another kernel runs it)."""
+        base = self.of(n)
+        if base is None:
+            return n
+        best = self.band(n) if self.band(n) <= WHOLE_BAND else n  # a small band costs the same throughout
+        for b in BANDS:
+            cost = self.of(b)
+            if best < b <= self.band(most) and cost is not None and cost <= base * (1 + FREE_SHARE):
+                best = b
+        return min(best, most)
+
+    def reading_speed_rows(self, seconds: float) -> int | None:
+        """The most rows a step can run while it takes at most `seconds` (each row running every
+        step then gets a token at least that often), from the bands measured. Bands not measured
+        yet are tried: the one above the largest that fits, or, when none fits, the next smaller
+        one (a burst's first steps measure only its whole size). None when nothing is measured,
+        or not even a step of one row fits (then no row count keeps a row at that speed)."""
+        measured = {b: c for b in BANDS if (c := self.of(b)) is not None}
+        if not measured:
+            return None
+        fits = [b for b, c in measured.items() if c <= seconds]
+        if fits:
+            above = [b for b in BANDS if b > max(fits)]
+            return above[0] if above and above[0] not in measured else max(fits)
+        below = [b for b in BANDS if b < min(measured)]
+        return below[-1] if below else None
