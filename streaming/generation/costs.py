@@ -49,19 +49,3 @@ class StepCosts:
             if best < b <= self.band(most) and cost is not None and cost <= base * (1 + FREE_SHARE):
                 best = b
         return min(best, most)
-
-    def reading_speed_rows(self, seconds: float) -> int | None:
-        """The most rows a step can run while it takes at most `seconds` (each row running every
-        step then gets a token at least that often), from the bands measured. Bands not measured
-        yet are tried: the one above the largest that fits, or, when none fits, the next smaller
-        one (a burst's first steps measure only its whole size). None when nothing is measured,
-        or not even a step of one row fits (then no row count keeps a row at that speed)."""
-        measured = {b: c for b in BANDS if (c := self.of(b)) is not None}
-        if not measured:
-            return None
-        fits = [b for b, c in measured.items() if c <= seconds]
-        if fits:
-            above = [b for b in BANDS if b > max(fits)]
-            return above[0] if above and above[0] not in measured else max(fits)
-        below = [b for b in BANDS if b < min(measured)]
-        return below[-1] if below else None

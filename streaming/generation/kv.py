@@ -14,8 +14,9 @@ values to `SlotKV.update`, which writes each token's into its slot, and attentio
   copies nothing of theirs: its keys are written straight into its slot;
 - a row that leaves copies one row: the last slot moves into its place, so the slots in use stay
   0..n-1 and attention reads one block;
-- the room grows by doubling (one copy of the cache, a few times in a long answer) and shrinks
-  when most of the batch has left; an empty batch holds no memory.
+- the room grows by doubling (one copy of the cache, a few times in a long answer), the slots
+  with a few spare (fewer for a long room), and both shrink when most of the batch has left; an
+  empty batch holds no memory.
 
 Plain tensor bookkeeping, no threads and no model: the tests drive it directly.
 Leaves out: pages (vLLM's PagedAttention): every slot has room for the batch's longest row.
@@ -27,7 +28,8 @@ from typing import Any, Protocol
 
 import torch
 
-FIRST_SLOTS = 8  # slots allocated at first (doubled when more rows hold places)
+FIRST_SLOTS = 8  # slots allocated at first; past them, a few spare ones are added with each that is needed
+SPARE_ROOM = 8192  # tokens of room the spare slots may hold in all (copies saved against memory held)
 FIRST_ROOM = 256  # tokens of room a slot has at first (doubled when a row needs more)
 SHRINK = 4  # shrink when the rows in use need a quarter of what is held or less
 
@@ -96,12 +98,11 @@ class SlotKV:
     # --- memory --------------------------------------------------------------------------------
 
     def fit(self, slots: int, room: int) -> None:
-        """Make room for `slots` slots of `room` tokens (doubling what is short)."""
+        """Make room for `slots` slots of `room` tokens: the room doubled (a row grows a token a
+        step), a few spare slots (every slot holds the whole room: fewer, the longer it is)."""
         if slots > self.slots or room > self.room:
-            self.resize(
-                self.slots if slots <= self.slots else max(slots, 2 * self.slots),
-                self.room if room <= self.room else max(room, 2 * self.room),
-            )
+            room = self.room if room <= self.room else max(room, 2 * self.room)
+            self.resize(max(slots, len(self.owners)) + min(FIRST_SLOTS - 1, SPARE_ROOM // room), room)
 
     def resize(self, slots: int, room: int) -> None:
         n = min(len(self.owners), self.slots, slots)  # (a slot just taken has nothing to keep yet)
