@@ -24,6 +24,7 @@ import time
 import lm
 from streaming.generation.backend import ENGINES
 from streaming.generation.batched import MAX_BATCH, MAX_WAITING, PREFILL_CHUNK
+from streaming.generation.kv import KV_MEMORY
 from streaming.generation.policy import PREFILL_BUDGET, SCHEDULES
 from streaming.generation.upstream.pool import FIRST_TEXT, SILENCE, Upstream
 from streaming.server.answer import LOG_KEEP
@@ -67,6 +68,8 @@ def parse_args(argv=None):
         p.error(f"--stream-interval must be from 1 to {MAX_STREAM_INTERVAL}")
     if args.max_waiting < 0:
         p.error("--max-waiting must be 0 (refuse whenever the batch is full) or more")
+    if not args.kv_memory > 0:
+        p.error("--kv-memory must be more than 0 GiB")
     if (args.engine == "upstream") != bool(args.upstream):
         p.error("--engine upstream and --upstream URL go together")
     for url in args.upstream:
@@ -93,6 +96,13 @@ def engine_options(g):
         type=int,
         default=MAX_WAITING,
         help="batched: requests that may wait for a place; past it 503 with Retry-After (a balancer tries another)",
+    )
+    g.add_argument(
+        "--kv-memory",
+        type=float,
+        default=KV_MEMORY / 2**30,
+        metavar="GIB",
+        help="batched: KV cache the batch may come to hold, in GiB; a request that would pass it waits its turn",
     )
     g.add_argument(
         "--prefill-chunk",
@@ -222,7 +232,7 @@ def config_of(args):
     values.update(
         allow_origin=tuple(args.allow_origin), allow_host=tuple(args.allow_host), upstream=tuple(args.upstream)
     )
-    return Config(**dict(values, body_memory=args.max_body_memory))
+    return Config(**dict(values, body_memory=args.max_body_memory, kv_memory=int(args.kv_memory * 2**30)))
 
 
 def load():

@@ -327,6 +327,31 @@ def write(b, decode=(), pieces=(), value=0.0):
     return layout
 
 
+def test_a_request_that_would_pass_the_kv_memory_waits_its_turn_and_keeps_its_text():
+    net = ExactModel(lm.load_tokenizer())
+    longest = max(len(ids(i)) for i in range(2)) + 30
+    room_for_one = int(1.5 * longest * kv.token_bytes(net))  # two rows at their whole answers would pass it
+
+    async def run():
+        e = BatchEngine(max_batch=8, model=model_of(net), policy=Fifo(10_000), clock=Clock(), kv_memory=room_for_one)
+        jobs = [BatchedJob(e, ids(i), params(i, 30)) for i in range(2)]
+        for job in jobs:
+            job.stats.active.add(job)
+            e.waiting.append(Row(job, e.clock()))
+        e.batch.admit(e.max_batch)
+        admitted, waiting = len(e.batch), e.position(jobs[1])
+        with torch.inference_mode():
+            while e.batch.rows or e.batch.joining or e.waiting:
+                e.batch.step()
+                with e.lock:
+                    e.batch.admit(e.max_batch)
+        return admitted, waiting, [await drain(j) for j in jobs]
+
+    admitted, waiting, texts = asyncio.run(run())
+    assert admitted == 1 and waiting == 0  # the second waits, first in line, though there are places
+    assert texts == alone(net, 2, tokens=30)
+
+
 def test_tokens_go_into_their_slots_and_a_row_that_sits_out_is_not_touched():
     b = kv.SlotKV("cpu")
     rows = [Holder() for _ in range(3)]

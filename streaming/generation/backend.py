@@ -27,6 +27,7 @@ from typing import Any
 from streaming.generation.batched import MAX_BATCH, MAX_WAITING, PREFILL_CHUNK, BatchedJob, BatchEngine
 from streaming.generation.free import FreeJob
 from streaming.generation.job import Job, JobOptions, Stats
+from streaming.generation.kv import KV_MEMORY
 from streaming.generation.policy import Fifo, Qoe
 from streaming.generation.prompts import Prompt
 from streaming.generation.thread import ThreadJob
@@ -74,6 +75,7 @@ class Backend:
         policy: Fifo | Qoe | None = None,
         pool: Pool | None = None,
         max_waiting: int = MAX_WAITING,
+        kv_memory: int = KV_MEMORY,
     ) -> None:
         if engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}: choose one of {', '.join(ENGINES)}")
@@ -85,7 +87,13 @@ class Backend:
         self.options, self.stats, self.pool, self.model = options or JobOptions(), Stats(), pool, model
         self.batch = (
             BatchEngine(
-                model, max_batch, prefill_chunk, self.options.token_delay, policy=policy, max_waiting=max_waiting
+                model,
+                max_batch,
+                prefill_chunk,
+                self.options.token_delay,
+                policy=policy,
+                max_waiting=max_waiting,
+                kv_memory=kv_memory,
             )
             if engine == "batched" and model is not None
             else None

@@ -30,7 +30,7 @@ import torch
 
 from streaming.generation import attention
 from streaming.generation.job import Job
-from streaming.generation.kv import Layout, SlotKV
+from streaming.generation.kv import KV_MEMORY, Layout, SlotKV, token_bytes
 from streaming.generation.parts import StepParts
 from streaming.generation.policy import Fifo, Qoe, StepCosts, prefill_group
 from streaming.generation.prefixes import Prefixes
@@ -78,8 +78,10 @@ class Batch:
         clock: Callable[[], float],
         waiting: WaitingRoom,
         lock: threading.Condition,
+        kv_memory: int = KV_MEMORY,
     ) -> None:
         self.model, self.device, self.chunk, self.policy, self.clock = model, model.device, chunk, policy, clock
+        self.kv_memory = kv_memory
         self.waiting, self.lock = waiting, lock  # shared with the event loop: touched under the lock
         self.joining: collections.deque[Row] = collections.deque()  # admitted, prompt being prefilled
         self.rows: list[Row] = []  # decoding
@@ -97,10 +99,19 @@ class Batch:
         return sum(not r.done for r in self.rows) + len(self.joining)
 
     def admit(self, room: int) -> None:
-        """Admit waiting rows into at most `room` places (under the lock)."""
-        while len(self) < room and (row := self.waiting.admit(self.clock())):
+        """Admit waiting rows into at most `room` places, within the KV memory (under the lock)."""
+        while len(self) < room and (row := self.waiting.admit(self.clock(), self.fits)):
             row.job.begin(self.model)
             self.joining.append(row)
+
+    def fits(self, row: Row) -> bool:
+        """Whether the KV cache, with this row too, stays within `kv_memory` once every row has its
+        whole answer (every slot holds the longest row's room, kv.py). An empty batch takes any
+        row: it must be served, and alone it is bounded by its context and max_tokens."""
+        if not len(self):
+            return True
+        longest = max(len(r.ids) + r.job.params.max_tokens for r in [*self.rows, *self.joining, row])
+        return (len(self) + 1) * longest * token_bytes(self.model.net) <= self.kv_memory
 
     def fail(self, error: BaseException) -> None:
         """A step failed: every request in it fails, the batch starts empty (the engine goes on)."""

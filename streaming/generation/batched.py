@@ -39,6 +39,7 @@ import torch
 
 from streaming.generation.batch import Batch, Row
 from streaming.generation.job import Job
+from streaming.generation.kv import KV_MEMORY
 from streaming.generation.policy import PREFILL_BUDGET, Fifo, Qoe
 from streaming.generation.waiting import MAX_WAITING, WaitingRoom
 from streaming.model.loading import Model
@@ -57,12 +58,15 @@ class BatchEngine:
         policy: Fifo | Qoe | None = None,
         clock: Callable[[], float] = time.monotonic,
         max_waiting: int = MAX_WAITING,
+        kv_memory: int = KV_MEMORY,
     ) -> None:
         self.max_batch, self.token_delay = max_batch, token_delay
         self.clock = clock
         self.lock = threading.Condition()
         self.waiting = WaitingRoom(max_waiting)  # not yet admitted (from the event loop)
-        self.batch = Batch(model, prefill_chunk, policy or Fifo(PREFILL_BUDGET), clock, self.waiting, self.lock)
+        self.batch = Batch(
+            model, prefill_chunk, policy or Fifo(PREFILL_BUDGET), clock, self.waiting, self.lock, kv_memory
+        )
         self.steps = 0
         self.step_seconds = 0.0
         self.thread: threading.Thread | None = None

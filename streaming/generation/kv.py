@@ -32,6 +32,11 @@ FIRST_SLOTS = 8  # slots allocated at first; past them, a few spare ones are add
 SPARE_ROOM = 8192  # tokens of room the spare slots may hold in all (copies saved against memory held)
 FIRST_ROOM = 256  # tokens of room a slot has at first (doubled when a row needs more)
 SHRINK = 4  # shrink when the rows in use need a quarter of what is held or less
+# The most KV memory the batch may come to hold (its rows at their whole answers): a request that
+# would pass it waits its turn (honest queue). Every slot holds the longest row's room, so one
+# 32,000-token row among 63 short ones would be 25 GB for the bundled model in bfloat16 (12 KiB a
+# token): 4 GiB is 64 rows of 5,400 tokens, or one long row and a few others.
+KV_MEMORY = 4 << 30
 
 
 class Holder(Protocol):
@@ -134,6 +139,15 @@ class SlotKV:
 
     def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.keys[layer], self.values[layer]
+
+
+def token_bytes(m: Any) -> int:
+    """Bytes of keys and values one token takes in a model's cache, from its config and dtype."""
+    c = m.config
+    heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    dtype = next(m.parameters()).dtype
+    return int(c.num_hidden_layers * 2 * heads * dim * dtype.itemsize)
 
 
 class Layout:

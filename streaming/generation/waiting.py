@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import collections
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 MAX_WAITING = 512  # requests waiting for a place: past it a new one gets 503 and Retry-After (another replica)
@@ -49,12 +49,15 @@ class WaitingRoom:
     def ready(self, now: float) -> bool:
         return any(r.not_before <= now for r in self.rows)
 
-    def admit(self, now: float) -> Any | None:
-        """The next row whose time has come, in order, those with a reader first (None: none)."""
+    def admit(self, now: float, fits: Callable[[Any], bool] | None = None) -> Any | None:
+        """The next row whose time has come, in order, those with a reader first (None: none, or
+        `fits` says the next one does not fit yet: it keeps its place, and those behind it wait)."""
         ready = [r for r in self.rows if r.not_before <= now]
         if not ready:
             return None
         row = next((r for r in ready if not r.job.orphaned), ready[0])
+        if fits is not None and not fits(row):
+            return None
         self.rows.remove(row)
         return row
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from streaming.generation.batched import MAX_BATCH, MAX_WAITING, PREFILL_CHUNK
 from streaming.generation.job import JobOptions
+from streaming.generation.kv import KV_MEMORY
 from streaming.generation.policy import PREFILL_BUDGET
 from streaming.generation.upstream.pool import FIRST_TEXT, SILENCE
 from streaming.server.answer import LOG_KEEP
@@ -38,6 +39,7 @@ class Config:
     engine: str = "batched"  # batched, thread, free or upstream (streaming.generation.backend.ENGINES)
     max_batch: int = MAX_BATCH
     max_waiting: int = MAX_WAITING  # requests waiting for a place in the batch: past it 503 with Retry-After
+    kv_memory: int = KV_MEMORY  # bytes of KV cache the batch may come to hold: past it a request waits
     prefill_chunk: int = PREFILL_CHUNK
     prefill_budget: int = PREFILL_BUDGET
     schedule: str = "qoe"  # or fifo (streaming.generation.policy): qoe measured better for readers in bursts

@@ -46,6 +46,7 @@ def build(config: Config, model: Model | None = None, backend: Backend | None = 
         model=model,
         max_batch=config.max_batch,
         max_waiting=config.max_waiting,
+        kv_memory=config.kv_memory,
         prefill_chunk=config.prefill_chunk,
         policy=schedule(config.schedule, config.prefill_budget),
         pool=pool,
