@@ -68,13 +68,27 @@ def test_a_layer_runs_what_its_table_names_for_the_row_count_and_linear_past_it(
         assert chosen(x).shape == (3, 5, 160)
 
 
+def test_prefills_run_the_kernel_timed_at_their_size_and_f32_widens_a_half_weight():
+    chosen = ChosenLinear(layer(torch.bfloat16, bias=True))
+    assert chosen.candidates(kernels.PREFILL_ROWS) == ["linear", "wxt", "f32"]
+    assert "f32" not in ChosenLinear(layer(torch.float32, bias=True)).candidates(kernels.PREFILL_ROWS)
+    chosen.prefill = "f32"
+    assert chosen.pick(64) == "linear" and chosen.pick(65) == chosen.pick(4096) == "f32"
+    x = torch.randn(300, 96).to(torch.bfloat16)
+    with torch.inference_mode():
+        want = torch.nn.functional.linear(x.float(), chosen.weight.float(), chosen.bias.float())
+        got = chosen(x)
+    assert got.dtype == torch.bfloat16 and chosen.wide is not None and chosen.wide.dtype == torch.float32
+    assert float((got.float() - want).abs().max()) <= 2**-7 * float(want.abs().max())  # rounded once, to bf16
+
+
 def test_a_measured_model_keeps_its_tables_per_machine_and_reads_them_back(tmp_path, monkeypatch):
     net = tiny_model(lm.load_tokenizer()).to(torch.float32)
     kernels.wrap(net)
     assert not any(type(m) is torch.nn.Linear for m in net.modules())
-    tables = kernels.measure(net, tmp_path)
-    assert tables and all(len(t) == len(ROWS) and set(t) <= set(kernels.KERNELS) for t in tables.values())
-    assert all(m.table in tables.values() for m in net.modules() if isinstance(m, ChosenLinear))
+    tables = kernels.measure(net, tmp_path)  # each: a kernel per row count of ROWS, then the prefills'
+    assert tables and all(len(t) == len(ROWS) + 1 and set(t) <= set(kernels.KERNELS) for t in tables.values())
+    assert all(m.table + [m.prefill] in tables.values() for m in net.modules() if isinstance(m, ChosenLinear))
     (kept,) = tmp_path.glob("kernels-*.json")
 
     def no_timing(*_):
@@ -85,7 +99,7 @@ def test_a_measured_model_keeps_its_tables_per_machine_and_reads_them_back(tmp_p
     kept.write_text('{"not": "tables"}')  # a damaged file is timed again, not trusted
     monkeypatch.undo()
     assert set(kernels.measure(net, tmp_path)) == set(tables)
-    wrong = {name: ["int8"] * len(ROWS) for name in tables}  # a kernel these dense layers do not have
+    wrong = {name: ["int8"] * (len(ROWS) + 1) for name in tables}  # a kernel these dense layers do not have
     kept.write_text(json.dumps(wrong))
     assert kernels.measure(net, tmp_path) != wrong
     assert all(m.pick(1) in m.candidates(1) for m in net.modules() if isinstance(m, ChosenLinear))

@@ -45,9 +45,10 @@ from typing import Any
 import torch
 
 ROWS = (1, 2, 4, 8, 16, 32, 64)  # row counts measured; a count between two takes the larger's kernel
+PREFILL_ROWS = 256  # the row count timed for every count past ROWS[-1] (prefills, and decode with prompts joining)
 MARGIN = 0.97  # a kernel replaces `linear` only when its median time is at most 97% of linear's (noise)
 COPY_MARGIN = 0.9  # one that keeps a copy of the weight (COPYING), at most 90%: it costs memory
-FORMAT = "kernels-1"  # the kept file's format: a change of it, or of what is timed, times again
+FORMAT = "kernels-2"  # the kept file's format: a change of it, or of what is timed, times again
 ROUNDS = 5  # timings of each candidate at each row count, judged by their median
 SAMPLE_BYTES = 64 << 20  # weights timed per shape: more than a CPU's last-level cache, as in a real step
 MODES = ("measure", "linear")  # --kernels: measure at load (the default), or the plain product always
@@ -70,13 +71,24 @@ def transposed_first(layer: ChosenLinear, x: torch.Tensor) -> torch.Tensor:
     return y if layer.bias is None else y + layer.bias
 
 
+def widened(layer: ChosenLinear, x: torch.Tensor) -> torch.Tensor:
+    """x @ Wᵀ in float32, from a float32 copy of a bfloat16 or float16 weight kept by the layer
+    (three times the weight's memory in all), rounded back: on a CPU whose half-precision products
+    are slower than its float32 ones at prefill sizes (an Intel Xeon without AMX here: 140 against
+    210 GFLOP/s at 256 rows of 896 x 4864). Timed at PREFILL_ROWS only."""
+    bias = None if layer.bias is None else layer.bias.to(torch.float32)
+    return torch.nn.functional.linear(x.to(torch.float32), layer.widened(), bias).to(x.dtype)
+
+
 KERNELS: dict[str, Callable[[Any, torch.Tensor], torch.Tensor]] = {
     "linear": linear,
     "wxt": weight_first,
     "xwt": transposed_first,
+    "f32": widened,
 }
 COPYING = ("xwt",)  # kernels that keep a copy of the weight: timed at few rows only, kept only if chosen
 COPY_ROWS = 2  # up to this many rows (past it the others win here, and timing costs a copy)
+HALF = (torch.bfloat16, torch.float16)  # weights that "f32" can widen
 log = logging.getLogger("streaming.model")
 
 
@@ -88,12 +100,17 @@ class ChosenLinear(torch.nn.Module):
         self.weight, self.bias = layer.weight, layer.bias
         self.in_features, self.out_features = layer.in_features, layer.out_features
         self.table = ["linear"] * len(ROWS)  # until measured (or --kernels linear)
+        self.prefill = "linear"  # past ROWS[-1] rows: the kernel timed at PREFILL_ROWS
         self.fixed: str | None = None  # one kernel for every call (tests, scripts/perplexity.py)
         self.copy: torch.Tensor | None
         self.register_buffer("copy", None, persistent=False)  # Wᵀ, contiguous, while a COPYING kernel may run
+        self.wide: torch.Tensor | None
+        self.register_buffer("wide", None, persistent=False)  # W in float32, while "f32" may run
 
     def candidates(self, rows: int) -> list[str]:
         """The kernels worth timing at this many rows (`linear` first: the one to beat)."""
+        if rows >= PREFILL_ROWS:
+            return ["linear", "wxt", *(["f32"] if self.weight.dtype in HALF else [])]
         return ["linear", "xwt"] if rows == 1 else ["linear", "wxt", *(["xwt"] if rows <= COPY_ROWS else [])]
 
     def part(self, n: int) -> ChosenLinear | None:
@@ -103,13 +120,18 @@ class ChosenLinear(torch.nn.Module):
         piece.weight = torch.nn.Parameter(self.weight.detach()[:n], requires_grad=False)
         if self.bias is not None:
             piece.bias = torch.nn.Parameter(self.bias.detach()[:n], requires_grad=False)
-        piece.out_features, piece.copy = n, None
+        piece.out_features, piece.copy, piece.wide = n, None, None
         return piece
 
     def transposed(self) -> torch.Tensor:
         if self.copy is None:
             self.copy = self.weight.detach().t().contiguous()
         return self.copy
+
+    def widened(self) -> torch.Tensor:
+        if self.wide is None:
+            self.wide = self.weight.detach().to(torch.float32)
+        return self.wide
 
     def run(self, name: str, x: torch.Tensor) -> torch.Tensor:
         return KERNELS[name](self, x)
@@ -118,7 +140,7 @@ class ChosenLinear(torch.nn.Module):
         if self.fixed:
             return self.fixed
         i = bisect.bisect_left(ROWS, rows)
-        return self.table[i] if i < len(ROWS) else "linear"
+        return self.table[i] if i < len(ROWS) else self.prefill
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
@@ -154,13 +176,17 @@ def measure(model: torch.nn.Module, folder: Path | None = None, rows: tuple[int,
     tables = {}
     with torch.inference_mode():
         for shape, layers in groups.items():
-            table = kept[names[shape]] if kept else [fastest(sample_of(layers), n) for n in rows]
+            table = kept[names[shape]] if kept else [fastest(sample_of(layers), n) for n in (*rows, PREFILL_ROWS)]
             for layer in layers:
-                layer.table = list(table)
+                layer.table, layer.prefill = list(table[:-1]), table[-1]
                 if any(k in COPYING for k in table):
                     layer.transposed()  # made now, not in the first request's step
                 else:
                     layer.copy = None  # the timings' copy goes: no call will read it
+                if "f32" in table:
+                    layer.widened()
+                else:
+                    layer.wide = None
             tables[names[shape]] = table
     if path is not None and not kept:
         keep_tables(path, tables)
@@ -233,9 +259,10 @@ def read_tables(
         return None
     for name, layer in groups.items():
         table = kept.get(name)
-        if not isinstance(table, list) or len(table) != len(rows):
+        if not isinstance(table, list) or len(table) != len(rows) + 1:
             return None
-        if not all(isinstance(k, str) and k in layer.candidates(n) for k, n in zip(table, rows, strict=True)):
+        counts = (*rows, PREFILL_ROWS)
+        if not all(isinstance(k, str) and k in layer.candidates(n) for k, n in zip(table, counts, strict=True)):
             return None
     return kept
 
@@ -265,7 +292,7 @@ def describe(tables: dict[str, list[str]], rows: tuple[int, ...] = ROWS) -> str:
     """One line for the log: the row counts where a shape runs something other than `linear`."""
     parts = []
     for shape, table in tables.items():
-        other = [f"{n}:{k}" for n, k in zip(rows, table, strict=True) if k != "linear"]
+        other = [f"{n}:{k}" for n, k in zip((*rows, "prefill"), table, strict=True) if k != "linear"]
         if other:
             parts.append(f"{shape.split(' ', 1)[1]} {','.join(other)}")
     return "; ".join(parts) or "linear at every row count"
