@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import client
+from streaming.generation.kv import KV_MEMORY
 from streaming.launch import Process, free_port
 
 PROMPTS = client.prompts()
@@ -31,11 +32,26 @@ def answers(port):
         return False
 
 
+PEER_MEMORY = KV_MEMORY * 3 // 2  # the peer's budget for its KV cache and the attention masks it sizes with it
+
+
+def peer_memory_percent() -> float:
+    """The share of the machine's memory the peer may give its KV cache and masks: PEER_MEMORY.
+    Left to itself, the peer on a CPU takes 60% of the machine's memory less its own, whatever
+    else runs (its attention masks grow with the cache's tokens): beside three of this server's
+    processes it reached 13 GB and was killed for memory. Our loads need far less cache than this
+    (a burst of 48 readers holds about 20,000 tokens)."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return round(min(0.6, PEER_MEMORY / total), 3)
+
+
 def start_peer(folder, dtype, device="cpu"):
-    """`transformers serve --continuous-batching` as a child, on a model folder, once it answers."""
+    """`transformers serve --continuous-batching` as a child, on a model folder, once it answers,
+    its cache held to peer_memory_percent()."""
     port = free_port()
     exe = shutil.which("transformers") or str(Path(sys.executable).parent / "transformers")
     argv = [exe, "serve", str(folder), "--continuous-batching", "--dtype", dtype, "--device", device]
+    argv += ["--cb-max-memory-percent", str(peer_memory_percent())]
     argv += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
     return Process("transformers serve", argv, port=port, stderr=True).wait(check=answers)  # its output if it fails
 
