@@ -144,6 +144,7 @@ def figures(requests, results, wall, tok) -> dict:
         **qoe.summary(scores),
         "requests": len(results),
         "failed": len(results) - len(good),
+        "first_error": next((repr(r)[:200] for r in results if isinstance(r, BaseException)), None),  # why
         "asked_tokens": sum(asked for _, asked in good),
         "generated_tokens": sum(g or 0 for g in generated),
         "unequal": sum(g != asked for g, (_, asked) in zip(generated, good, strict=True)),  # usage says otherwise
@@ -262,7 +263,7 @@ def run(args, servers: dict, tok) -> dict:
                 f"  {label(kind, x):20s} {name:32s} {f['qoe_mean']:.3f}  {f['qoe_p10']:.2f}  {f['qoe_share_95']:.2f}"
                 f"   {f['ttft_p50'] or 0:6.2f} {f['ttft_p99'] or 0:6.2f}   {1000 * (f['gap_p99'] or 0):8.0f}"
                 f"  {f['tokens_per_s'] or 0:8.1f}  {f['unequal']:4d}"
-                + (f"  ({f['failed']} failed)" if f["failed"] else "")
+                + (f"  ({f['failed']} failed: {f['first_error']})" if f["failed"] else "")
                 + (
                     f"  {f['single_tokens_per_s']:.2f} tokens/s alone"
                     if kind == "single" and f["single_tokens_per_s"]
