@@ -92,9 +92,25 @@ def test_a_batch_samples_each_row_as_choose_does_alone_whichever_way_its_nucleus
     wider = torch.randn(vocab, generator=g) * 0.3
     wider[:300] += 4.0  # ~300 likely tokens
     flat = torch.zeros(vocab)
-    rows = torch.stack([peaked, wider, flat, peaked]).to(dtype)
-    temperatures, top_ps = [0.7, 1.0, 1.0, 0.0], [0.9, 0.9, 0.9, 0.9]
-    for seed in range(20):
-        batch = choose_batch(rows, [Draws(seed + r) for r in range(4)], temperatures, top_ps)
-        alone = [choose(rows[r], [], Draws(seed + r), p=top_ps[r], temperature=temperatures[r]) for r in range(4)]
+    rows = torch.stack([peaked, wider, flat, peaked, wider, flat] * 3).to(dtype)  # 18 rows: in blocks
+    temperatures, top_ps = [0.7, 1.0, 1.0, 0.0, 1.0, 1.0] * 3, [0.9, 0.9, 0.9, 0.9, 1.0, 1.0] * 3  # top_p 1: no order
+    n = len(rows)
+    for seed in range(10):
+        batch = choose_batch(rows, [Draws(seed + r) for r in range(n)], temperatures, top_ps)
+        alone = [choose(rows[r], [], Draws(seed + r), p=top_ps[r], temperature=temperatures[r]) for r in range(n)]
         assert batch == alone
+
+
+def test_top_p_one_draws_from_the_whole_distribution_without_sorting_it_and_never_an_impossible_token():
+    """With top_p 1 (the OpenAI format's default) the draw is taken over the probabilities in
+    vocabulary order: each token as often as its probability, and a token of probability zero
+    (a logit of -inf) never, even for the largest draws."""
+    probs = torch.tensor([0.1, 0.0, 0.6, 0.0, 0.3, 0.0])
+    logits = torch.log(probs)
+    g = Draws(11)
+    counts = torch.bincount(torch.tensor([choose(logits, [], g, p=1.0) for _ in range(3000)]), minlength=6)
+    assert counts[1] == counts[3] == counts[5] == 0
+    assert torch.allclose(counts.float() / 3000, probs, atol=0.03)
+    from streaming.generation.sampling import pick_any
+
+    assert pick_any(probs.unsqueeze(0).repeat(2, 1), [1 - 2**-24, 0.0]) == [4, 0]

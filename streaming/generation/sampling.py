@@ -19,6 +19,10 @@ from collections.abc import Sequence
 import torch
 
 TOP_K = (64, 1024)  # the likeliest tokens looked at for a nucleus before a full sort (see choose_batch)
+# Rows sampled together: 8 rows of float32 probabilities over Qwen's vocabulary are 4.9 MB, which
+# stay in the cache; all 64 at once (39 MB, allocated afresh) took 71 ms against 16 in blocks of 8
+# here (top_p 1), 125 against 78 (top_p 0.9, random logits).
+SAMPLE_ROWS = 8
 MASK64 = (1 << 64) - 1
 
 
@@ -67,6 +71,19 @@ def choose(
     return choose_batch(logits.unsqueeze(0), [draws], [temperature], [p])[0]
 
 
+def pick_any(probs: torch.Tensor, us: Sequence[float]) -> list[int]:
+    """Inverse-CDF sampling over rows of probabilities in any order (some may be zero), row i
+    with draw us[i]: the index whose cumulative share first passes the draw, never one of
+    probability zero."""
+    cdf = torch.cumsum(probs, dim=-1)
+    x = torch.tensor(us, device=cdf.device, dtype=cdf.dtype).unsqueeze(1) * cdf[:, -1:]
+    out = torch.searchsorted(cdf, x, right=True).flatten().tolist()
+    for i, index in enumerate(out):
+        if index >= probs.shape[-1]:  # u * total rounded up to the total itself: the last likely token
+            out[i] = int(torch.nonzero(probs[i])[-1])
+    return out
+
+
 def pick(kept: torch.Tensor, u: float) -> int:
     """Inverse-CDF sampling with the uniform draw u: the index into `kept` (probabilities, zeros
     past the nucleus) whose cumulative share first passes u. The same u gives the same index
@@ -87,7 +104,22 @@ def choose_batch(
     The nucleus (the smallest set of likeliest tokens whose probability reaches top_p) is nearly
     always among a few dozen tokens: a top-k of TOP_K[0] is found for every row (2.4x cheaper than
     one of 1,024 at 64 rows here), the rows whose top-k falls short of top_p look again with
-    TOP_K[1], and those still short sort the whole vocabulary (a flat distribution)."""
+    TOP_K[1], and those still short sort the whole vocabulary (a flat distribution), all in one
+    call. A row whose top_p is 1 (the OpenAI and Anthropic formats' default) keeps the whole
+    vocabulary, so it needs no order at all: its draw is taken over the probabilities as they lie
+    (a sort of 151,936 of them cost 5-10 ms a row here: 119 against 5 ms for 16 such rows).
+    Rows go SAMPLE_ROWS at a time."""
+    if len(draws) > SAMPLE_ROWS:  # in blocks; each row's tokens are its own either way
+        return [
+            token
+            for i in range(0, len(draws), SAMPLE_ROWS)
+            for token in choose_batch(
+                logits[i : i + SAMPLE_ROWS],
+                draws[i : i + SAMPLE_ROWS],
+                temperatures[i : i + SAMPLE_ROWS],
+                top_ps[i : i + SAMPLE_ROWS],
+            )
+        ]
     logits = logits.detach()
     out = [0] * len(draws)
     us = [d() for d in draws]  # every token takes its draw, greedy ones too
@@ -103,8 +135,13 @@ def choose_batch(
     temps = torch.tensor([temperatures[i] for i in sampled], device=logits.device).unsqueeze(1)
     probs = torch.softmax(rows.to(torch.float32) / temps, dim=-1)
     vocab = probs.shape[-1]
+    whole = [r for r, i in enumerate(sampled) if top_ps[i] >= 1]
+    if whole:  # the nucleus is every token: no order needed
+        picked = pick_any(probs if len(whole) == len(sampled) else probs[whole], [us[sampled[r]] for r in whole])
+        for r, token in zip(whole, picked, strict=True):
+            out[sampled[r]] = token
     found: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # row in `sampled`: (its probs, their tokens), descending
-    todo = list(range(len(sampled)))
+    todo = [r for r, i in enumerate(sampled) if top_ps[i] < 1]
     for k in TOP_K:
         if not todo:
             break
@@ -119,10 +156,12 @@ def choose_batch(
             else:
                 left.append(r)
         todo = left
-    for r in todo:  # a flat distribution: the whole vocabulary, sorted
-        found[r] = torch.sort(probs[r], descending=True)
-    for r, i in enumerate(sampled):
-        sorted_probs, order = found[r]
+    if todo:  # flat distributions: the whole vocabulary, sorted, every such row in one call
+        values, orders = torch.sort(probs[todo], dim=-1, descending=True)
+        found |= {r: (values[j], orders[j]) for j, r in enumerate(todo)}
+    for r, sorted_probs_order in found.items():
+        i = sampled[r]
+        sorted_probs, order = sorted_probs_order
         # Keep the smallest set of most likely tokens whose probability reaches p: a token stays
         # if the tokens before it (more likely) add up to less than p. The first token always stays.
         before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
