@@ -155,6 +155,25 @@ def test_qoe_runs_the_urgent_rows_worth_the_step_newest_and_shortest_first():
     assert sorted(Qoe(min_batch=1).plan(equal, now=30.0, costs=costs).run) == list(range(6))
 
 
+def test_qoe_keeps_every_urgent_row_of_a_burst_whatever_costs_were_measured_long_ago():
+    """A burst after other traffic: every reader of equal gain. Costs measured a minute ago (at
+    other contexts: a 64-row step dear, a 16-row one cheap) do not make the step run 16 of 48
+    rows, as they did before (a burst of 48 then lost to fifo); measured just now, a smaller step
+    runs only where it gives SMALLER_STEP more rows a second."""
+    burst = [Fake(created=0.0, delivered=5, last_at=9.9) for _ in range(48)]
+    stale = StepCosts(weight=1.0)
+    for n, seconds in ((16, 0.283), (64, 0.909)):
+        stale.record(n, seconds, now=-50.0)
+    assert len(Qoe().plan(burst, now=10.0, costs=stale).run) == 48
+    fresh = StepCosts(weight=1.0)
+    for n, seconds in ((16, 0.283), (64, 0.909)):
+        fresh.record(n, seconds, now=9.0)
+    assert len(Qoe().plan(burst, now=10.0, costs=fresh).run) == 48  # 56.5 rows/s against 52.8: short of 10%
+    fresh.record(16, 0.2, now=9.5)  # 80 rows a second against 52.8: a smaller step is worth it
+    assert len(Qoe().plan(burst, now=10.0, costs=fresh).run) == 16
+    assert Qoe.worth_running([1.0] * 48, 0, fresh, now=70.0) == 48  # a minute on, nothing is fresh
+
+
 def step_seconds(k):
     """A step of k rows on a machine shaped like this one (bundled model, bfloat16): a step of 16
     costs less than twice one of 1, past that the rows cost in full (about 0.12 s for 1 row,

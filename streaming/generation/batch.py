@@ -207,7 +207,7 @@ class Batch:
             )
         self.kv.layout = None
         if not pieces:  # a decode step's cost, by rows run (the policy's StepCosts)
-            self.costs.record(len(run), self.parts.last["forward"])
+            self.costs.record(len(run), self.parts.last["forward"], self.clock())
         if len(run) < len(self.rows):
             with self.lock:
                 self.skipped += len(self.rows) - len(run)

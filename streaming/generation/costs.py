@@ -11,6 +11,12 @@ BANDS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # row counts whose step costs are ke
 WHOLE_BAND = 4  # up to this band, its rest rides along unmeasured (4 rows cost what 3 do); past it, measured
 FREE_SHARE = 0.1  # qoe: rows ride along in a step while it costs at most 10% more than the step without them
 COST_WEIGHT = 0.2  # the weight of the latest step in a band's moving average (the machine drifts)
+# qoe: a band last measured longer ago than this does not make the policy run fewer rows. A step's
+# cost depends on its rows' contexts as well as their count, so a band measured a minute ago, in
+# other traffic, is not comparable with today's: after Poisson load, a burst of 48 (every reader of
+# equal gain) ran a third of its rows, by a 64-row cost measured at longer contexts against a fresh
+# 16-row one, and lost to fifo (mean QoE 0.619 against 0.744 at 16, 0.076 against 0.159 at 48).
+FRESH_SECONDS = 10.0
 
 
 class StepCosts:
@@ -22,18 +28,29 @@ class StepCosts:
     def __init__(self, weight: float = COST_WEIGHT) -> None:
         self.weight = weight
         self.seconds: dict[int, float] = {}
+        self.at: dict[int, float | None] = {}  # when each band was last measured (None: not said)
 
     @staticmethod
     def band(n: int) -> int:
         return next((b for b in BANDS if b >= n), n)
 
-    def record(self, n: int, seconds: float) -> None:
+    def record(self, n: int, seconds: float, now: float | None = None) -> None:
         b = self.band(n)
         old = self.seconds.get(b)
         self.seconds[b] = seconds if old is None else old + self.weight * (seconds - old)
+        self.at[b] = now
 
     def of(self, n: int) -> float | None:
         return self.seconds.get(self.band(n))
+
+    def recent(self, n: int, now: float | None) -> float | None:
+        """of(n) if its band was measured within FRESH_SECONDS of `now` (or either time is not
+        known), else None."""
+        b = self.band(n)
+        at = self.at.get(b)
+        if at is not None and now is not None and now - at > FRESH_SECONDS:
+            return None
+        return self.seconds.get(b)
 
     def free_rows(self, n: int, most: int) -> int:
         """How many rows a step of n could run instead (at most `most`) for at most FREE_SHARE
