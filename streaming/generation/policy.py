@@ -28,9 +28,10 @@ the readers with the most of their expected reading window still ahead, after An
 whole area of L²/2R (L: the answer's length, its max_tokens), so the gain of serving a waiting
 row is (window end - now) / L² — newer and shorter answers first, and among equals always the
 same ones (the earlier asked). A step runs the urgent rows in that order, as many as give the
-most gain per second of step from the measured step costs (`worth_running`): with equal gains
-(a burst) all of them, the most tokens a second; when some readers' windows are nearly spent,
-the others run in a smaller, faster step. (Running at most the rows that the costs keep at
+most gain per second of step from the measured step costs (`worth_running`; a smaller step only
+from costs measured in the last 10 s, and only for 10% more): with equal gains (a burst) all of
+them, the most tokens a second; when some readers' windows are nearly spent, the others run in a
+smaller, faster step. (Running at most the rows that the costs keep at
 reading speed, whole readers, served 16 of 24 at 1.0 on a model of this machine, but in the
 measured Poisson runs it lost a third of the throughput where 16 rows cost just over 1/R, and
 mean QoE with it: 0.762 against fifo's 0.856 at 0.35/s.) Promises kept:
