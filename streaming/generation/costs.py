@@ -46,11 +46,10 @@ class StepCosts:
     def recent(self, n: int, now: float | None) -> float | None:
         """of(n) if its band was measured within FRESH_SECONDS of `now` (or either time is not
         known), else None."""
-        b = self.band(n)
-        at = self.at.get(b)
+        at = self.at.get(self.band(n))
         if at is not None and now is not None and now - at > FRESH_SECONDS:
             return None
-        return self.seconds.get(b)
+        return self.of(n)
 
     def free_rows(self, n: int, most: int) -> int:
         """How many rows a step of n could run instead (at most `most`) for at most FREE_SHARE

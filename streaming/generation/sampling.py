@@ -134,37 +134,43 @@ def choose_batch(
     rows = logits if len(sampled) == len(draws) else logits[sampled]
     temps = torch.tensor([temperatures[i] for i in sampled], device=logits.device).unsqueeze(1)
     probs = torch.softmax(rows.to(torch.float32) / temps, dim=-1)
-    vocab = probs.shape[-1]
     whole = [r for r, i in enumerate(sampled) if top_ps[i] >= 1]
     if whole:  # the nucleus is every token: no order needed
         picked = pick_any(probs if len(whole) == len(sampled) else probs[whole], [us[sampled[r]] for r in whole])
         for r, token in zip(whole, picked, strict=True):
             out[sampled[r]] = token
-    found: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # row in `sampled`: (its probs, their tokens), descending
-    todo = [r for r, i in enumerate(sampled) if top_ps[i] < 1]
-    for k in TOP_K:
-        if not todo:
-            break
-        k = min(k, vocab)
-        part = probs if len(todo) == len(sampled) else probs[todo]
-        top_probs, top_order = torch.topk(part, k)
-        sums = top_probs.sum(-1).tolist()
-        left = []
-        for j, r in enumerate(todo):
-            if sums[j] >= top_ps[sampled[r]] or k == vocab:
-                found[r] = (top_probs[j], top_order[j])
-            else:
-                left.append(r)
-        todo = left
-    if todo:  # flat distributions: the whole vocabulary, sorted, every such row in one call
-        values, orders = torch.sort(probs[todo], dim=-1, descending=True)
-        found |= {r: (values[j], orders[j]) for j, r in enumerate(todo)}
-    for r, sorted_probs_order in found.items():
+    nucleus = {r: top_ps[i] for r, i in enumerate(sampled) if top_ps[i] < 1}
+    for r, (sorted_probs, order) in descending_heads(probs, nucleus).items():
         i = sampled[r]
-        sorted_probs, order = sorted_probs_order
         # Keep the smallest set of most likely tokens whose probability reaches p: a token stays
         # if the tokens before it (more likely) add up to less than p. The first token always stays.
         before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
         kept = sorted_probs.masked_fill(before >= top_ps[i], 0.0)
         out[i] = int(order[pick(kept, us[i])])
     return out
+
+
+def descending_heads(probs: torch.Tensor, ps: dict[int, float]) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """For each row r of `probs` in `ps` (r: its top_p), its likeliest probabilities in descending
+    order and their tokens, enough of them to hold its nucleus: the top TOP_K[0], else TOP_K[1],
+    else the whole vocabulary sorted (the rows still short, in one call)."""
+    vocab = probs.shape[-1]
+    found: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    todo = list(ps)
+    for k in TOP_K:
+        if not todo:
+            break
+        k = min(k, vocab)
+        top_probs, top_order = torch.topk(probs if len(todo) == len(probs) else probs[todo], k)
+        sums = top_probs.sum(-1).tolist()
+        left = []
+        for j, r in enumerate(todo):
+            if sums[j] >= ps[r] or k == vocab:
+                found[r] = (top_probs[j], top_order[j])
+            else:
+                left.append(r)
+        todo = left
+    if todo:  # flat distributions
+        values, orders = torch.sort(probs[todo], dim=-1, descending=True)
+        found |= {r: (values[j], orders[j]) for j, r in enumerate(todo)}
+    return found
