@@ -117,7 +117,7 @@ def test_a_cache_that_cannot_be_written_only_means_timing_again(tmp_path):
 def test_a_quantized_layer_times_its_own_kernel_too_and_never_runs_it_where_dense_is_faster(monkeypatch):
     net = quant.quantize(tiny_model(lm.load_tokenizer()).to(torch.float32), "int8")
     q = next(m for m in net.modules() if isinstance(m, quant.QuantLinear))
-    assert q.candidates(1) == ["linear", "xwt", "int8"] and q.candidates(8) == ["linear", "wxt", "int8"]
+    assert q.candidates(1) == ["linear", "mv", "xwt", "int8"] and q.candidates(8) == ["linear", "wxt", "int8"]
     monkeypatch.setattr(kernels, "fastest", lambda sample, rows: "linear" if rows > 2 else sample[0].mode)
     kernels.measure(net)
     assert q.table[:3] == ["int8", "int8", "linear"] and q.pick(1) == "int8" and q.pick(64) == "linear"
@@ -164,7 +164,7 @@ def test_the_bf16_weights_of_a_float32_model_compute_its_product_within_bfloat16
     back; a candidate beside the dense kernels at every row count, cut by rows for timing."""
     plain = layer(torch.float32)
     q = quant.QuantLinear(plain, "bf16")
-    assert q.wh.dtype == torch.bfloat16 and q.candidates(1) == ["linear", "xwt", "bf16"]
+    assert q.wh.dtype == torch.bfloat16 and q.candidates(1) == ["linear", "mv", "xwt", "bf16"]
     assert q.table[:3] == ["bf16", "bf16", "linear"]  # until measured: where it wins on an AVX2 CPU
     for rows in (1, 2, 7, 64):
         x = torch.randn(rows, 96)
@@ -195,7 +195,7 @@ def test_the_fp16_weights_compute_the_product_within_float16s_rounding_in_float3
     count, packed again when cut by rows for timing."""
     plain = layer(dtype)
     q = quant.QuantLinear(plain, "fp16")
-    assert q.candidates(1) == ["linear", "xwt", "fp16"] and q.candidates(16) == ["linear", "wxt", "fp16"]
+    assert q.candidates(1) == ["linear", "mv", "xwt", "fp16"] and q.candidates(16) == ["linear", "wxt", "fp16"]
     assert q.table == ["fp16"] * len(ROWS)  # until measured: it wins at every decode row count on an AVX2 CPU
     tolerance = 1e-3 if dtype == torch.float32 else TOLERANCE[dtype]  # float16 weights: ~2e-4 of the product
     for rows in (1, 2, 7, 64, 100):
@@ -232,7 +232,7 @@ def test_the_w8a8_product_is_each_rows_own_whatever_else_is_in_the_batch(dtype):
     plain = layer(dtype)
     s = torch.rand(96) + 0.5
     q = quant.QuantLinear(plain, "w8a8", smooth=s)
-    assert q.candidates(1) == ["linear", "xwt", "w8a8"] and q.table == ["w8a8"] * len(ROWS)
+    assert q.candidates(1) == ["linear", "mv", "xwt", "w8a8"] and q.table == ["w8a8"] * len(ROWS)
     torch.manual_seed(1)
     x = torch.randn(9, 96)
     x[3, 5] = 100.0  # an outlier channel in one row
