@@ -26,9 +26,9 @@ def test_top_p_keeps_the_smallest_set_that_reaches_p():
 
 
 def test_top_p_with_a_flat_distribution_over_a_large_vocabulary_falls_back_to_a_full_sort():
-    logits = torch.zeros(5000)  # the top 1,024 hold only 20% of the mass: choose must sort all
+    logits = torch.zeros(20000)  # the top 8,192 hold only 41% of the mass: choose must sort all
     seen = sample_set(logits, p=0.9, n=2000)
-    assert max(seen) > 1024 and len(seen) > 1500
+    assert max(seen) > 8192 and len(seen) > 1500
 
 
 def test_greedy_at_temperature_zero():
@@ -84,16 +84,18 @@ def test_uniform_draws_are_exact_floats_in_the_unit_interval_and_spread_evenly()
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_a_batch_samples_each_row_as_choose_does_alone_whichever_way_its_nucleus_is_found(dtype):
     """choose_batch against choose, row by row: a peaked row (the top-k holds p), one whose
-    nucleus is a few hundred tokens, a flat one that needs the full sort, and a greedy one;
-    bfloat16 logits too."""
+    nucleus is a few hundred tokens, one of a few thousand (the last top-k tier), a flat one that
+    needs the full sort, and a greedy one; bfloat16 logits too."""
     g = torch.Generator().manual_seed(5)
-    vocab = 5000
+    vocab = 20000
     peaked = torch.randn(vocab, generator=g) * 4
     wider = torch.randn(vocab, generator=g) * 0.3
     wider[:300] += 4.0  # ~300 likely tokens
+    broad = torch.randn(vocab, generator=g) * 0.3
+    broad[:3000] += 4.0  # ~3,000 likely tokens: past TOP_K[1], within TOP_K[2]
     flat = torch.zeros(vocab)
-    rows = torch.stack([peaked, wider, flat, peaked, wider, flat] * 3).to(dtype)  # 18 rows: in blocks
-    temperatures, top_ps = [0.7, 1.0, 1.0, 0.0, 1.0, 1.0] * 3, [0.9, 0.9, 0.9, 0.9, 1.0, 1.0] * 3  # top_p 1: no order
+    rows = torch.stack([peaked, wider, flat, peaked, broad, flat] * 3).to(dtype)  # 18 rows: in blocks
+    temperatures, top_ps = [0.7, 1.0, 1.0, 0.0, 1.0, 1.0] * 3, [0.9, 0.9, 0.9, 0.9, 0.9, 1.0] * 3  # top_p 1: no order
     n = len(rows)
     for seed in range(10):
         batch = choose_batch(rows, [Draws(seed + r) for r in range(n)], temperatures, top_ps)
