@@ -88,6 +88,11 @@ async def proxy(port, host=None):
 
 QUIET_S = 4.0  # nginx case (d): seconds of silence before the first token, as a long prompt's prefill
 READ_TIMEOUT = "2s"  # nginx case (d): proxy_read_timeout, shorter than that silence
+# The tiny model makes a token in ~5 ms, less than a client's close takes to travel through nginx
+# to the server on a busy 2-core machine (CI once counted 13 tokens for the leave case's 11); a
+# real model's token takes 50 ms or more. So with the tiny model the nginx cases' server is paced
+# to 20 ms a token (--token-delay), and the leave and stop cases measure the chain, not a race.
+TINY_PACE = 0.02
 QUIET_TOKENS = 20  # nginx case (d): a short answer after the silence
 
 
@@ -162,9 +167,10 @@ def nginx_(args):
     try:
         model_args = ["--model", args.model] + (["--dtype", args.dtype] if args.dtype else [])
         quiet = ["--first-delay", str(QUIET_S)]
+        pace = ["--token-delay", str(TINY_PACE)] if args.model == "tiny" else []
         say(f"starting the server and two that stay quiet {QUIET_S:g} s before the first token (model {args.model})")
         children = [
-            Server("server", "--port", str(args.port), *model_args),
+            Server("server", "--port", str(args.port), *model_args, *pace),
             Server("quiet server", "--port", "0", "--ping", "60", *quiet, *model_args),
             Server("pinging server", "--port", "0", "--ping", "1", *quiet, *model_args),
         ]
