@@ -88,11 +88,6 @@ async def proxy(port, host=None):
 
 QUIET_S = 4.0  # nginx case (d): seconds of silence before the first token, as a long prompt's prefill
 READ_TIMEOUT = "2s"  # nginx case (d): proxy_read_timeout, shorter than that silence
-# The tiny model makes a token in ~5 ms, less than a client's close takes to travel through nginx
-# to the server on a busy 2-core machine (CI once counted 13 tokens for the leave case's 11); a
-# real model's token takes 50 ms or more. So with the tiny model the nginx cases' server is paced
-# to 20 ms a token (--token-delay), and the leave and stop cases measure the chain, not a race.
-TINY_PACE = 0.02
 QUIET_TOKENS = 20  # nginx case (d): a short answer after the silence
 
 
@@ -167,10 +162,9 @@ def nginx_(args):
     try:
         model_args = ["--model", args.model] + (["--dtype", args.dtype] if args.dtype else [])
         quiet = ["--first-delay", str(QUIET_S)]
-        pace = ["--token-delay", str(TINY_PACE)] if args.model == "tiny" else []
         say(f"starting the server and two that stay quiet {QUIET_S:g} s before the first token (model {args.model})")
         children = [
-            Server("server", "--port", str(args.port), *model_args, *pace),
+            Server("server", "--port", str(args.port), *model_args, "--token-delay", str(args.token_delay)),
             Server("quiet server", "--port", "0", "--ping", "60", *quiet, *model_args),
             Server("pinging server", "--port", "0", "--ping", "1", *quiet, *model_args),
         ]
@@ -405,7 +399,12 @@ def main(argv=None):
     p.add_argument(
         "--max-tokens", type=int, default=None, help="tokens per answer: `all`'s measure table (100), `replicas` (200)"
     )
-    p.add_argument("--token-delay", type=float, default=0.0, help="`replicas`: the replicas' --token-delay")
+    p.add_argument(
+        "--token-delay",
+        type=float,
+        default=0.0,
+        help="`replicas`, `nginx`: the replicas' or the plain server's --token-delay",
+    )
     p.add_argument("--results", default="results", help="`all`: folder for experiments.json and timeline.png")
     args = p.parse_args(argv)
     if args.experiment in ("all", "nginx", "page", "replicas"):

@@ -20,7 +20,11 @@ if not REQUIRED and not nginxctl.available():
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("nginx")
     p = subprocess.run(
-        [sys.executable, "experiments.py", "nginx", "--model", "tiny", "--results", str(out)],
+        # The tiny model makes a token in ~5 ms, less than a client's close takes to travel through
+        # nginx to the server on a busy 2-core machine (CI once counted 13 tokens for the leave
+        # case's 11); a real model's takes 50 ms or more. Paced to 20 ms a token (as conftest's
+        # "slow" server), the leave and stop cases measure the chain, not a race.
+        [sys.executable, "experiments.py", "nginx", "--model", "tiny", "--token-delay", "0.02", "--results", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
