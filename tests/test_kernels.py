@@ -45,10 +45,13 @@ def test_every_kernel_computes_the_linear_product_at_every_row_count(dtype, name
         assert float((got - want).abs().max()) <= TOLERANCE[dtype] * float(want.abs().max())
 
 
-def test_a_layer_runs_what_its_table_names_for_the_row_count_and_linear_past_it():
+def test_a_layer_runs_what_its_table_names_for_the_row_count_and_the_prefills_past_it():
     chosen = ChosenLinear(layer(torch.float32, bias=False))
-    chosen.table = ["linear", "wxt", "wxt", "linear", "linear", "wxt", "linear"]
-    assert [chosen.pick(n) for n in (1, 2, 3, 4, 5, 8, 17, 32, 64, 65, 4096)] == [
+    chosen.table = ["linear", "wxt", "wxt", "linear", "linear", "wxt", "linear", "wxt", "linear"]
+    assert chosen.prefill == "linear"  # until measured
+    chosen.prefill = "f32"
+    counts = (1, 2, 3, 4, 5, 8, 17, 32, 64, 65, 128, 129, 256, 257, 4096)
+    assert [chosen.pick(n) for n in counts] == [
         "linear",
         "wxt",
         "wxt",
@@ -58,8 +61,12 @@ def test_a_layer_runs_what_its_table_names_for_the_row_count_and_linear_past_it(
         "wxt",
         "wxt",
         "linear",
+        "wxt",
+        "wxt",
         "linear",
         "linear",
+        "f32",
+        "f32",
     ]
     chosen.fixed = "wxt"
     assert chosen.pick(4096) == "wxt"
@@ -70,10 +77,11 @@ def test_a_layer_runs_what_its_table_names_for_the_row_count_and_linear_past_it(
 
 def test_prefills_run_the_kernel_timed_at_their_size_and_f32_widens_a_half_weight():
     chosen = ChosenLinear(layer(torch.bfloat16, bias=True))
-    assert chosen.candidates(kernels.PREFILL_ROWS) == ["linear", "wxt", "f32"]
+    assert chosen.candidates(kernels.PREFILL_ROWS) == chosen.candidates(kernels.WIDE_ROWS) == ["linear", "wxt", "f32"]
+    assert "f32" not in chosen.candidates(kernels.WIDE_ROWS // 2)  # its copy wins at prefill sizes only
     assert "f32" not in ChosenLinear(layer(torch.float32, bias=True)).candidates(kernels.PREFILL_ROWS)
     chosen.prefill = "f32"
-    assert chosen.pick(64) == "linear" and chosen.pick(65) == chosen.pick(4096) == "f32"
+    assert chosen.pick(ROWS[-1]) == "linear" and chosen.pick(ROWS[-1] + 1) == chosen.pick(4096) == "f32"
     x = torch.randn(300, 96).to(torch.bfloat16)
     with torch.inference_mode():
         want = torch.nn.functional.linear(x.float(), chosen.weight.float(), chosen.bias.float())

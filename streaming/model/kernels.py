@@ -12,7 +12,8 @@ an AVX-512 machine but on this AVX2 one is 2x slower than dense at 1 row and 40x
 So nothing is assumed: at load, `measure()` times each candidate kernel on the model's own
 weights (enough of them that they do not sit in the cache) at 1, 2, 4, ... ROWS[-1] rows, and each
 layer gets a table: the kernel for each row count, the plain `linear` unless another is faster
-by a margin (MARGIN; COPY_MARGIN for one that costs memory). Past ROWS[-1] rows (prefills) `linear` runs. The tables are kept on disk, so
+by a margin (MARGIN; COPY_MARGIN for one that costs memory); past ROWS[-1] rows (prefills) the
+kernel timed at PREFILL_ROWS. The tables are kept on disk, so
 every process on a machine runs the same kernels (and computes the same bits for a request alone);
 a batch's logits may differ from a request's alone in the last bits anyway (padding changes the
 shapes).
@@ -46,11 +47,16 @@ from typing import Any
 
 import torch
 
-ROWS = (1, 2, 4, 8, 16, 32, 64)  # row counts measured; a count between two takes the larger's kernel
-PREFILL_ROWS = 256  # the row count timed for every count past ROWS[-1] (prefills, and decode with prompts joining)
+ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # row counts measured; a count between two takes the larger's kernel
+# The row count timed for every count past ROWS[-1]: what a prefill step runs (the qoe policy's
+# MAX_PREFILL prompt tokens, with the decoding rows). Timed at 256 and used for everything past 64,
+# it chose `wxt` for the 4864 x 896 layers on an Intel Xeon with AMX (1.55 against 1.54 ms at 256
+# rows: a coin toss), which at the 525 rows a burst's prefill steps ran took 6.1 against 2.7 ms:
+# 12% of each prefill step. The kernels' speeds are not monotonic in rows, so each band is timed.
+PREFILL_ROWS = 512
 MARGIN = 0.97  # a kernel replaces `linear` only when its median time is at most 97% of linear's (noise)
 COPY_MARGIN = 0.9  # one that keeps a copy of the weight (COPYING), at most 90%: it costs memory
-FORMAT = "kernels-2"  # the kept file's format: a change of it, or of what is timed, times again
+FORMAT = "kernels-3"  # the kept file's format: a change of it, or of what is timed, times again
 ROUNDS = 5  # timings of each candidate at each row count, judged by their median
 SAMPLE_BYTES = 64 << 20  # weights timed per shape: more than a CPU's last-level cache, as in a real step
 MODES = ("measure", "linear")  # --kernels: measure at load (the default), or the plain product always
@@ -92,7 +98,8 @@ def widened(layer: ChosenLinear, x: torch.Tensor) -> torch.Tensor:
     """x @ Wᵀ in float32, from a float32 copy of a bfloat16 or float16 weight kept by the layer
     (three times the weight's memory in all), rounded back: on a CPU whose half-precision products
     are slower than its float32 ones at prefill sizes (an Intel Xeon without AMX here: 140 against
-    210 GFLOP/s at 256 rows of 896 x 4864). Timed at PREFILL_ROWS only."""
+    210 GFLOP/s at 256 rows of 896 x 4864; with AMX, bfloat16 runs at 1.7-2 TFLOP/s and wins).
+    Timed from WIDE_ROWS rows."""
     bias = None if layer.bias is None else layer.bias.to(torch.float32)
     return torch.nn.functional.linear(x.to(torch.float32), layer.widened(), bias).to(x.dtype)
 
@@ -107,6 +114,7 @@ KERNELS: dict[str, Callable[[Any, torch.Tensor], torch.Tensor]] = {
 COPYING = ("xwt",)  # kernels that keep a copy of the weight: timed at few rows only, kept only if chosen
 COPY_ROWS = 2  # up to this many rows (past it the others win here, and timing costs a copy)
 HALF = (torch.bfloat16, torch.float16)  # weights that "f32" can widen
+WIDE_ROWS = 128  # from this many rows "f32" is a candidate (a copy of the weight that wins only at prefill sizes)
 log = logging.getLogger("streaming.model")
 
 
@@ -127,7 +135,7 @@ class ChosenLinear(torch.nn.Module):
 
     def candidates(self, rows: int) -> list[str]:
         """The kernels worth timing at this many rows (`linear` first: the one to beat)."""
-        if rows >= PREFILL_ROWS:
+        if rows >= WIDE_ROWS:
             return ["linear", "wxt", *(["f32"] if self.weight.dtype in HALF else [])]
         return ["linear", "mv", "xwt"] if rows == 1 else ["linear", "wxt", *(["xwt"] if rows <= COPY_ROWS else [])]
 
