@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from streaming.model import bundled, kernels, quant, smooth
+from streaming.model import bundled, fusing, kernels, quant, smooth
 from streaming.model.choice import NAMED, Choice, ModelError, check_model_name
 from streaming.model.testing import EchoModel, ExactModel, tiny_model
 
@@ -141,6 +141,8 @@ def load_net(choice: Choice, tokenizer: Any) -> Any:
     else:
         m = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
     m = m.to(device=device, dtype=dtype).eval()
+    if choice.kernel_choice() == "measure":  # the CPU's own kernels: fewer, larger products (fusing.py)
+        fusing.fuse(m)
     if choice.quantize != "none":
         if device != "cpu":
             raise ModelError(f"--quantize {choice.quantize} uses torch's CPU kernels: use --device cpu")
