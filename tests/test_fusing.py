@@ -69,13 +69,15 @@ def test_a_part_called_with_another_input_computes_that_inputs_product_and_the_l
 def test_a_fused_model_quantizes_its_shared_products_as_well_as_the_plain_one(mode):
     if mode == "w8a8" and not quant.fbgemm_available():
         pytest.skip("w8a8 runs fbgemm's kernels (x86 builds of torch)")
-    dense, fused = pair(torch.float32)
+    dense = tiny_model(lm.load_tokenizer()).to(torch.float32).eval()
     quantized = tiny_model(lm.load_tokenizer()).to(torch.float32).eval()
     calibration = smooth.calibration_ids(lm.load_tokenizer()) if mode == "w8a8" else None
+    fused = tiny_model(lm.load_tokenizer()).to(torch.float32).eval()
+    assert fusing.fuse(fused, mode) == len(fused.model.layers) * (1 if mode in fusing.APART else 2)
     for net in (fused, quantized):
         quant.quantize(net, mode, dense_from=1 << 30, calibration=calibration)  # the quantized kernel everywhere
-    shared = fused.model.layers[0].mlp.fused_gate_up.linear
-    assert isinstance(shared, quant.QuantLinear) and shared.out_features == 2 * 128
+    shared = fused.model.layers[0].self_attn.fused_q_k_v.linear
+    assert isinstance(shared, quant.QuantLinear) and shared.out_features == 128
     ids = torch.tensor([lm.tok(PROMPT).input_ids])
     with torch.inference_mode():
         want = dense(input_ids=ids).logits

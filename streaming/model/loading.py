@@ -142,7 +142,7 @@ def load_net(choice: Choice, tokenizer: Any) -> Any:
         m = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
     m = m.to(device=device, dtype=dtype).eval()
     if choice.kernel_choice() == "measure":  # the CPU's own kernels: fewer, larger products (fusing.py)
-        fusing.fuse(m)
+        fusing.fuse(m, choice.quantize)
     if choice.quantize != "none":
         if device != "cpu":
             raise ModelError(f"--quantize {choice.quantize} uses torch's CPU kernels: use --device cpu")
