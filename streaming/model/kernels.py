@@ -191,7 +191,7 @@ def measure(model: torch.nn.Module, folder: Path | None = None, rows: tuple[int,
     """Time every candidate kernel for each shape of layer at each row count and set the layers'
     tables. Returns the tables by shape (logged, and in /metrics). With a `folder`, the tables
     are kept there under a key of this CPU, this torch, its threads and the shapes, and read back
-    by the next load (timing the bundled model takes ~7 s here); delete the file to time again."""
+    by the next load (timing the bundled model takes ~13 s here); delete the file to time again."""
     groups: dict[tuple[Any, ...], list[ChosenLinear]] = {}
     for m in model.modules():
         if isinstance(m, ChosenLinear):
