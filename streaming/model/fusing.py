@@ -27,9 +27,10 @@ import torch
 
 GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # layers that read one input
 # Groups kept apart under a quantization: torch's int8 weight kernel (_weight_int8pack_mm) read
-# a 9,728-row weight at half the rate of a 4,864-row one here (0.73 against 2 x 0.18 ms at one
-# row), so with --quantize int8 the gate and up projections stay two products (fbgemm's w8a8 and
-# the int4 kernel run the fused one as fast or faster: 0.24 against 2 x 0.14, 0.29 against 2 x 0.15).
+# a 9,728-row weight slower than two 4,864-row ones here (one row: 0.73 against 2 x 0.18 ms in a
+# slow hour, 0.30 against 2 x 0.13 in a fast one), so with --quantize int8 the gate and up
+# projections stay two products (fbgemm's w8a8 and the int4 kernel run the fused one as fast or
+# faster: 0.24 against 2 x 0.14, 0.29 against 2 x 0.15).
 APART = {"int8": (GROUPS[1],)}
 
 
