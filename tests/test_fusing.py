@@ -1,7 +1,7 @@
 """Fused products (streaming/model/fusing.py): a model whose query/key/value and gate/up layers
-share one product computes what it did (within float tolerance), greedy texts included, and with
-quantized; a part called with another input computes that input's
-product; the shared product is let go once its last part is served. With the tiny real model."""
+share one product computes what it did (within float tolerance), greedy texts included, and
+quantizes as well as apart; a part called with another input computes that input's product; the
+shared product is let go once its last part is served. With the tiny real model."""
 
 from __future__ import annotations
 
@@ -69,10 +69,8 @@ def test_a_part_called_with_another_input_computes_that_inputs_product_and_the_l
 def test_a_fused_model_quantizes_its_shared_products_as_well_as_the_plain_one(mode):
     if mode == "w8a8" and not quant.fbgemm_available():
         pytest.skip("w8a8 runs fbgemm's kernels (x86 builds of torch)")
-    dense = tiny_model(lm.load_tokenizer()).to(torch.float32).eval()
-    quantized = tiny_model(lm.load_tokenizer()).to(torch.float32).eval()
+    dense, quantized, fused = (tiny_model(lm.load_tokenizer()).to(torch.float32).eval() for _ in range(3))
     calibration = smooth.calibration_ids(lm.load_tokenizer()) if mode == "w8a8" else None
-    fused = tiny_model(lm.load_tokenizer()).to(torch.float32).eval()
     assert fusing.fuse(fused, mode) == len(fused.model.layers) * (1 if mode in fusing.APART else 2)
     for net in (fused, quantized):
         quant.quantize(net, mode, dense_from=1 << 30, calibration=calibration)  # the quantized kernel everywhere

@@ -41,13 +41,12 @@ class Shared(torch.nn.Module):
     def __init__(self, layers: list[torch.nn.Linear]) -> None:
         super().__init__()
         first = layers[0]
-        total = sum(x.out_features for x in layers)
-        self.linear = torch.nn.Linear(first.in_features, total, bias=first.bias is not None, device="meta")
+        self.ends = list(itertools.accumulate(x.out_features for x in layers))  # each part's slice ends here
+        self.linear = torch.nn.Linear(first.in_features, self.ends[-1], bias=first.bias is not None, device="meta")
         self.linear.weight = torch.nn.Parameter(torch.cat([x.weight.detach() for x in layers]), requires_grad=False)
         if first.bias is not None:
             biases = [x.bias.detach() for x in layers if x.bias is not None]
             self.linear.bias = torch.nn.Parameter(torch.cat(biases), requires_grad=False)
-        self.ends = list(itertools.accumulate(x.out_features for x in layers))
         self.seen: tuple[torch.Tensor, torch.Tensor] | None = None  # (input, its product)
 
     def part(self, x: torch.Tensor, i: int) -> torch.Tensor:
