@@ -18,7 +18,9 @@ A comparison that cannot flatter either side:
 - **Interleaved.** Every server is up from the start (an idle one uses no CPU: measured and
   printed), and each load runs on one server then the other, the order alternating from load to
   load: these machines drift 2x within half an hour, so one server's whole sweep after the
-  other's would compare two machines.
+  other's would compare two machines. Before each run every server must be quiet (settle(): a
+  server still busy after the previous run, with leftovers or freeing memory, would steal the
+  cores from the next one); a wait of a second or more is printed.
 - **The noise, reported.** One reader alone (SINGLE tokens) runs at the start and again at the
   end; the two figures show how much the machine moved meanwhile.
 
@@ -61,6 +63,7 @@ BURSTS = [16, 32, 48]
 SECONDS = 60.0  # of arrivals at each rate
 QUICK = {"rates": [0.35], "bursts": [16], "seconds": 20.0}
 IDLE_SECONDS = 3.0  # how long each server's idle CPU is measured before the loads
+SETTLE_WINDOW, SETTLE_MAX = 0.5, 30.0  # before each run: every server quiet for a window (waited for at most)
 PEER_EOS = 151900  # a padding row of the Qwen2.5 vocabulary: never sampled, so the peer runs to max_new_tokens
 CONFIGS = {  # this server's settings to compare: name -> options
     "fifo": ["--schedule", "fifo"],
@@ -199,6 +202,19 @@ def idle_cpu(servers: dict) -> dict:
     return {name: cpu_ticks(s["process"].proc.pid) - before[name] for name, s in servers.items()}
 
 
+def settle(servers: dict) -> float:
+    """Wait until no server uses CPU (at most 1 tick in SETTLE_WINDOW), so that a run never shares
+    the cores with the previous run's leftovers (a server still finishing, freeing or compiling);
+    the seconds waited (SETTLE_MAX at most: then the run goes ahead and the wait says so)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < SETTLE_MAX:
+        before = {name: cpu_ticks(s["process"].proc.pid) for name, s in servers.items()}
+        time.sleep(SETTLE_WINDOW)
+        if all(cpu_ticks(s["process"].proc.pid) - before[name] <= 1 for name, s in servers.items()):
+            break
+    return time.monotonic() - t0 - SETTLE_WINDOW
+
+
 def start(args) -> dict:
     """Every server, up at once: {name: {"process", "port", "ours", "model"}}."""
     servers = {}
@@ -252,9 +268,10 @@ def run(args, servers: dict, tok) -> dict:
         requests = workload(kind, x, args.seconds, seed=int(100 * x) + 1)
         for name in names if i % 2 == 0 else names[::-1]:  # each load on one then the other, alternating
             s = servers[name]
+            waited = settle(servers)
             before = engine_counts(s)
             results, wall = asyncio.run(drive(s["port"], requests, s["ours"], s["model"]))
-            f = figures(requests, results, wall, tok)
+            f = figures(requests, results, wall, tok) | {"settle_s": round(waited, 1)}
             if kind == "single":
                 f["single_tokens_per_s"] = single_rate(results[0])
                 f |= lone_step(before, engine_counts(s), f["single_tokens_per_s"])
@@ -264,6 +281,7 @@ def run(args, servers: dict, tok) -> dict:
                 f"   {f['ttft_p50'] or 0:6.2f} {f['ttft_p99'] or 0:6.2f}   {1000 * (f['gap_p99'] or 0):8.0f}"
                 f"  {f['tokens_per_s'] or 0:8.1f}  {f['unequal']:4d}"
                 + (f"  ({f['failed']} failed: {f['first_error']})" if f["failed"] else "")
+                + (f"  (waited {waited:.0f} s for quiet)" if waited >= 1 else "")
                 + (
                     f"  {f['single_tokens_per_s']:.2f} tokens/s alone"
                     if kind == "single" and f["single_tokens_per_s"]

@@ -33,6 +33,7 @@ from streaming.generation.prompts import Prompt
 from streaming.generation.thread import ThreadJob
 from streaming.generation.upstream.pool import Pool
 from streaming.generation.upstream.relay import UpstreamJob
+from streaming.generation.warm import warm
 from streaming.model.loading import Model
 from streaming.wire.errors import ProtocolError
 from streaming.wire.params import GenerationParams
@@ -104,9 +105,14 @@ class Backend:
 
     async def load(self, load: Callable[[], str]) -> str:
         """Load the model (in a thread: the loop goes on answering /health and /ready; the batched
-        engine's own, which runs its steps); what `load` says of it."""
+        engine's own, which runs its steps), then warm the batched engine's memory (warm.py); what
+        `load` says of it."""
         if self.batch is not None:  # in the engine's thread, where its steps will run
             said = await asyncio.wrap_future(self.batch.call(load))
+            assert self.model is not None
+            t0 = time.perf_counter()
+            tokens = await warm(self.batch, len(self.model.tokenizer))
+            said += f"; memory warmed ({tokens} tokens) in {time.perf_counter() - t0:.1f} s"
         else:
             said = await asyncio.to_thread(load)
         self.loaded = True
