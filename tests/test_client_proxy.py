@@ -168,7 +168,11 @@ def test_experiments_all_end_to_end_with_the_tiny_model(tmp_path):
     results = json.loads((tmp_path / "experiments.json").read_text())
     assert (tmp_path / "timeline.png").stat().st_size > 10_000
     assert results["model"] == "tiny" and results["date"]
-    assert results["leave"] <= 11 and results["leave_naive"] == 100 and results["stop"] <= 11
+    assert results["leave_naive"] == 100
+    # The article's "at most 11 tokens" needs a token to take longer than the stop takes to arrive
+    # (its model's); the tiny model makes a few more meanwhile. At most one after the server has it:
+    assert results["leave_after_stop"] <= 1 and results["stop_after_stop"] <= 1
+    assert results["leave"] <= 11 + 5 and results["stop"] <= 11 + 5
     held = {c["conclusion"]: c["holds"] for c in results["conclusions"]}
     # the conclusions that do not depend on the model's speed
     for name in (
@@ -177,6 +181,8 @@ def test_experiments_all_end_to_end_with_the_tiny_model(tmp_path):
         "buffering proxy: first text within 5% of the end",
         "bytes: /stream several times the text",
         "bytes: /ws several times the text",
+        "leave: at most one token after the server had the stop",
+        "stop: at most one token after the server had the stop",
     ):
         assert held[name], (name, results["conclusions"])
     # no child is left behind
