@@ -4,8 +4,8 @@ A process's memory costs a page fault the first time each 4 KiB page is written;
 virtual machines about 9 us each (a burst's prefill in the engine, in process: 71,738 faults and
 2.26 s the first time, 30 faults and 1.59 s the same burst again). So a fresh server's first burst
 paid for every page its KV slots, its 512-token steps' activations and its logits need: a burst
-of 48 chat prompts faulted 185,000-440,000 pages and its last first text came 2.56-3.17 s after
-the request (four fresh servers), against 1.82-1.99 s for the same burst again in the same server.
+of 48 chat prompts faulted 185,000-442,000 pages and its last first text came 2.56-3.17 s after
+the request (three fresh servers), against 1.82-1.99 s for the same burst again in the same server.
 
 So, as vLLM's start-up profile run does with its largest batch: once the model is loaded, `warm()`
 runs WARM_ROWS synthetic requests through the engine (one step at the most prompt tokens a step
