@@ -195,11 +195,16 @@ def cpu_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])
 
 
+def ticks_over(servers: dict, seconds: float) -> dict:
+    """Each server's CPU ticks over the next `seconds`."""
+    before = {name: cpu_ticks(s["process"].proc.pid) for name, s in servers.items()}
+    time.sleep(seconds)
+    return {name: cpu_ticks(s["process"].proc.pid) - before[name] for name, s in servers.items()}
+
+
 def idle_cpu(servers: dict) -> dict:
     """Each server's CPU ticks while nobody asks it anything, over IDLE_SECONDS."""
-    before = {name: cpu_ticks(s["process"].proc.pid) for name, s in servers.items()}
-    time.sleep(IDLE_SECONDS)
-    return {name: cpu_ticks(s["process"].proc.pid) - before[name] for name, s in servers.items()}
+    return ticks_over(servers, IDLE_SECONDS)
 
 
 def settle(servers: dict) -> float:
@@ -208,9 +213,7 @@ def settle(servers: dict) -> float:
     the seconds waited (SETTLE_MAX at most: then the run goes ahead and the wait says so)."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < SETTLE_MAX:
-        before = {name: cpu_ticks(s["process"].proc.pid) for name, s in servers.items()}
-        time.sleep(SETTLE_WINDOW)
-        if all(cpu_ticks(s["process"].proc.pid) - before[name] <= 1 for name, s in servers.items()):
+        if max(ticks_over(servers, SETTLE_WINDOW).values()) <= 1:
             break
     return time.monotonic() - t0 - SETTLE_WINDOW
 
