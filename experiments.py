@@ -259,6 +259,32 @@ def check(conclusions, name, holds, detail):
     conclusions.append({"conclusion": name, "holds": bool(holds), "detail": detail})
 
 
+def conclusions(results, b, h):
+    """The article's conclusions, each checked on this run's figures (`b`, `h`: the buffering and
+    the honoring proxy's timings)."""
+    c = []
+    m = results["measure"]
+    check(c, "/complete: first text equals all of it", m["/complete"]["first_s"] == m["/complete"]["total_s"], "")
+    for path in ("/stream", "/ws"):
+        share = m[path]["first_s"] / m[path]["total_s"]
+        check(c, f"{path}: first text at most 10% of all of it", share <= 0.10, f"{share:.1%}")
+    check(c, "the same text all three ways", m["same_text"], "")
+    check(c, "leave: the watching server generated at most 11 tokens", results["leave"] <= 11, results["leave"])
+    check(c, "leave: the --naive server generated all 100", results["leave_naive"] == N, results["leave_naive"])
+    check(c, "stop: at most 11 tokens", results["stop"] <= 11, results["stop"])
+    for name in ("leave", "stop"):
+        late = results[f"{name}_after_stop"]
+        check(c, f"{name}: at most one token after the server had the stop", late <= 1, late)
+    late = (b.total - b.first) / b.total
+    check(c, "buffering proxy: first text within 5% of the end", late <= 0.05, f"{late:.1%} before the end")
+    ratio = h.first / m["/stream"]["first_s"]
+    check(c, "--honor: first text within 2x of no proxy", ratio <= 2, f"{ratio:.2f}x")
+    check(c, "bytes: /complete under 2x the text", m["/complete"]["ratio"] < 2, f"{m['/complete']['ratio']:.1f}x")
+    for path in ("/stream", "/ws"):
+        check(c, f"bytes: {path} several times the text", m[path]["ratio"] >= 2.5, f"{m[path]['ratio']:.1f}x")
+    return c
+
+
 async def run_all(ports, prompts, measure_tokens):
     server, naive, buffering, honoring = ports
     info = await client.server_info(port=server)
@@ -286,27 +312,7 @@ async def run_all(ports, prompts, measure_tokens):
     results["proxy"] = timing(b)
     results["proxy_honor"] = timing(h)
 
-    c = []
-    m = figures
-    check(c, "/complete: first text equals all of it", m["/complete"]["first_s"] == m["/complete"]["total_s"], "")
-    for path in ("/stream", "/ws"):
-        share = m[path]["first_s"] / m[path]["total_s"]
-        check(c, f"{path}: first text at most 10% of all of it", share <= 0.10, f"{share:.1%}")
-    check(c, "the same text all three ways", m["same_text"], "")
-    check(c, "leave: the watching server generated at most 11 tokens", results["leave"] <= 11, results["leave"])
-    check(c, "leave: the --naive server generated all 100", results["leave_naive"] == N, results["leave_naive"])
-    check(c, "stop: at most 11 tokens", results["stop"] <= 11, results["stop"])
-    for name in ("leave", "stop"):
-        late = results[f"{name}_after_stop"]
-        check(c, f"{name}: at most one token after the server had the stop", late <= 1, late)
-    late = (b.total - b.first) / b.total
-    check(c, "buffering proxy: first text within 5% of the end", late <= 0.05, f"{late:.1%} before the end")
-    ratio = h.first / m["/stream"]["first_s"]
-    check(c, "--honor: first text within 2x of no proxy", ratio <= 2, f"{ratio:.2f}x")
-    check(c, "bytes: /complete under 2x the text", m["/complete"]["ratio"] < 2, f"{m['/complete']['ratio']:.1f}x")
-    for path in ("/stream", "/ws"):
-        check(c, f"bytes: {path} several times the text", m[path]["ratio"] >= 2.5, f"{m[path]['ratio']:.1f}x")
-    results["conclusions"] = c
+    results["conclusions"] = c = conclusions(results, b, h)
     held = sum(x["holds"] for x in c)
     print(f"the article's conclusions on our numbers: {held} of {len(c)} hold", flush=True)
     for x in c:
