@@ -11,7 +11,7 @@ import time
 import pytest
 from helpers import ServerProcess, WSClient, connect, http
 
-from streaming.generation.waiting import WaitingRoom
+from streaming.generation.waiting import LANDING_MOST, LANDING_QUIET, WaitingRoom
 
 
 def test_the_waiting_room_refuses_only_past_its_bound_counting_the_places_still_free():
@@ -32,6 +32,22 @@ def test_the_waiting_room_refuses_only_past_its_bound_counting_the_places_still_
     room.left(10.0)
     room.left(14.0, rows=2)
     assert room.refusal(free=0)[1] == 2  # ends 2 s apart on average: Retry-After 2
+
+
+def test_an_idle_engine_waits_for_a_burst_to_land_and_no_longer():
+    class Row:
+        def __init__(self, created):
+            self.job, self.not_before, self.created = object(), 0.0, created
+
+    room = WaitingRoom()
+    assert room.landing(5.0) == 0.0  # nobody waits: nothing to wait for
+    room.append(Row(10.0))
+    assert room.landing(10.0) == pytest.approx(LANDING_QUIET)  # a lone request pays the quiet once
+    assert room.landing(10.0 + LANDING_QUIET) == 0.0
+    for i in range(1, 10):  # a burst arriving 8 ms apart keeps the door open...
+        room.append(Row(10.0 + 0.008 * i))
+    assert room.landing(10.045) == pytest.approx(LANDING_MOST - 0.045)  # ...up to the most after the first
+    assert room.landing(10.0 + LANDING_MOST) == 0.0
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ import lm
 from streaming.generation import attention, kv
 from streaming.generation.batch import Row
 from streaming.generation.batched import BatchedJob, BatchEngine
-from streaming.generation.policy import MAX_PREFILL, MAX_SKIP, Fifo, Qoe, StepCosts, prefill_group
+from streaming.generation.policy import MAX_PREFILL, MAX_SKIP, Fifo, Qoe, StepCosts, prefill_group, stretch
 from streaming.generation.prefixes import PREFIX_MIN, Prefixes
 from streaming.generation.thread import ThreadJob
 from streaming.model import quant
@@ -119,6 +119,18 @@ def test_prefill_group_takes_whole_prompts_in_order_within_the_budget():
     assert prefill_group([500, 10], 120) == 1  # at least one
     assert prefill_group([10] * 48, 2048) == 48
     assert prefill_group([10, 10, 500, 10], 2048, longest=128) == 2  # a long prompt goes alone, later
+
+
+def test_the_prefill_budget_stretches_only_to_spare_the_waiting_prompts_a_step():
+    assert stretch(512, 300) == 512  # everything fits: the budget as it is
+    assert stretch(512, 556) == 556  # 512 then 44 alone: one step of 556 instead
+    assert stretch(512, 2092) == 523  # 4 steps of 523, not 5 with 44 tokens in the last
+    assert stretch(512, 900) == 512  # 2 steps either way: none stretched
+    assert stretch(512, 10_000) == 625  # 16 steps of at most 1.25x, not 20
+    assert stretch(0, 500) == 0  # no prefill this step stays none
+    for waiting in range(1, 5000, 7):  # never more steps than the budget alone would take
+        b = stretch(256, waiting)
+        assert 256 <= b <= 320 and -(-waiting // b) <= -(-waiting // 256)
 
 
 def test_qoe_runs_every_row_when_nobody_needs_a_place():

@@ -9,7 +9,7 @@ it without a thread: rows admitted by hand, `step()` with a fake clock.
   slot is freed), then runs one forward pass over a flat sequence of tokens: the last token of
   each row the policy runs, then the pieces of joining prompts that fit the step's prefill budget
   (a prompt longer than PREFILL_CHUNK a chunk a step, so it delays the others by a chunk, not all
-  of it). Each token's keys and values go straight into its row's slot, and attention reads the
+  of it; the budget stretched by up to a quarter where that spares them a step, policy.stretch). Each token's keys and values go straight into its row's slot, and attention reads the
   slots (attention.py), so the rows that sit out cost nothing and the prompts that join ride in
   the decode's pass instead of a second one (Sarathi-Serve's chunked prefill, one weight read);
 - a prompt whose last piece is in gets its first token from that pass and joins the decoding rows;
@@ -32,7 +32,7 @@ from streaming.generation import attention
 from streaming.generation.job import Job
 from streaming.generation.kv import KV_MEMORY, Layout, SlotKV, token_bytes
 from streaming.generation.parts import StepParts
-from streaming.generation.policy import Fifo, Qoe, StepCosts, prefill_group
+from streaming.generation.policy import Fifo, Qoe, StepCosts, prefill_group, stretch
 from streaming.generation.prefixes import Prefixes
 from streaming.generation.sampling import Draws, choose_batch
 from streaming.generation.waiting import WaitingRoom
@@ -127,7 +127,7 @@ class Batch:
         self.drop_stopped()
         plan = self.policy.plan(self.rows, self.clock(), self.joining[0].created if self.joining else None, self.costs)
         run = sorted((self.rows[i] for i in plan.run), key=lambda r: r.slot or 0)  # in slot order
-        pieces = self.pieces(plan.prefill) if self.joining else []
+        pieces = self.pieces(stretch(plan.prefill, self.to_prefill())) if self.joining else []
         if run or pieces:
             self.forward(run, pieces)
 
@@ -149,6 +149,15 @@ class Batch:
                     self.end(row, "stopped")
             self.compact()
 
+    def to_prefill(self) -> int:
+        """Prompt tokens still to prefill: each joining prompt's rest, less a kept shared beginning
+        for those not started (which will copy it, not compute it)."""
+        total = 0
+        for r in self.joining:
+            kept = self.prefixes.best(r.ids, len(r.ids) - 1) if r.slot is None else None
+            total += len(r.ids) - (len(kept) if kept is not None else r.filled)
+        return total
+
     def pieces(self, budget: int) -> list[tuple[Row, int]]:
         """The prompt tokens that join this step, in order, at most `budget` (a prompt longer
         than the chunk at most a chunk of it): (row, tokens) each. A prompt starting now takes a
@@ -156,6 +165,7 @@ class Batch:
         together)."""
         fresh = [r for r in self.joining if r.slot is None]
         if fresh:
+            self.kv.fit(len(self.kv) + len(fresh), 1)  # every newcomer's slot at once: one copy, not one a step
             group = fresh[: prefill_group([len(r.ids) for r in fresh], budget, self.chunk)]
             with self.parts.timed("prefill"):  # rare: a new shared beginning's own pass
                 self.prefixes.learn(self.model.net, [r.ids for r in group], forward_kwargs)

@@ -131,6 +131,9 @@ class BatchEngine:
             with self.lock:
                 while not (len(self.batch) or self.calls or self.waiting.ready(self.clock())):
                     self.lock.wait(0.05 if self.waiting else None)
+                if not (len(self.batch) or self.calls) and (pause := self.waiting.landing(self.clock())) > 0:
+                    self.lock.wait(pause)  # idle: the rest of a burst may be arriving (waiting.py)
+                    continue
                 calls = list(self.calls)
                 self.calls.clear()
                 if not calls:

@@ -44,6 +44,7 @@ predicted lengths (the gain order here is its greedy form, with max_tokens for t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -61,6 +62,11 @@ PREFILL_BUDGET = 256  # prompt tokens prefilled per step (fifo, and qoe's floor)
 # text sooner: a burst of 48 chat prompts (bfloat16, the AVX-512 Xeon) got its first text at p50
 # 6.1 s, p99 9.3 s with 512 against 8.3 s and 9.5 s with 2,048 (one 8 s step for 43 of them).
 MAX_PREFILL = 512
+# A step may take up to this much more than its prefill budget when that spares the waiting prompts
+# a step: their tokens spread evenly over the fewest steps of at most 1.25x the budget. A burst of 48
+# chat prompts left its last 44 tokens to a step of their own (184 ms, a weight read and 47 decode
+# rows for one prompt's first text), which the last reader's first text waited for.
+STRETCH = 1.25
 PREFILL_TOKEN_SECONDS = 1.4e-3  # prefill cost a token, measured here: 8 prompts of 45 tokens in 0.50 s (bf16, 0.5B)
 SCHEDULES = ("fifo", "qoe")
 TIE = 1e-9  # qoe: a row's worth beside its gain, so that among rows worth nothing more rows win (throughput)
@@ -187,6 +193,15 @@ def schedule(name: str, budget: int = PREFILL_BUDGET) -> Fifo | Qoe:
     if name not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}: choose one of {', '.join(SCHEDULES)}")
     return Fifo(budget) if name == "fifo" else Qoe(budget)
+
+
+def stretch(budget: int, waiting: int, most: float = STRETCH) -> int:
+    """The prefill budget for a step when `waiting` prompt tokens wait to join: spread evenly over
+    the fewest steps that take at most `most` x `budget` each (never less than the budget)."""
+    if waiting <= budget or budget <= 0:
+        return budget
+    steps = math.ceil(waiting / (budget * most))
+    return max(budget, math.ceil(waiting / steps))
 
 
 def prefill_group(lengths: list[int], budget: int, longest: int | None = None) -> int:
