@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -410,18 +411,23 @@ def profile(args):
     print(f"kernels: {kernels.describe(out['kernels'] or {})}")
     print(f"one decode step, {len(ids)}-token context, {out['dtype']}, --quantize {out['quantize']}:", flush=True)
 
-    def timed(b, fixed):
-        for layer in layers:
-            layer.fixed = fixed
+    def timed(b):
+        """Medians of decode steps with the chosen kernels and with F.linear forced, in turn over one
+        cache (a drift of the machine, or a first touch of memory, falls on both alike)."""
         c = batch_cache(m, ids, b)
-        decode_step(m, c, b)
-        t0 = time.perf_counter()
-        for _ in range(3):
-            decode_step(m, c, b)
-        return 1000 * (time.perf_counter() - t0) / 3
+        times = {None: [], "linear": []}
+        for r in range(STEP_ROUNDS + 1):
+            for fixed, seconds in times.items():
+                for layer in layers:
+                    layer.fixed = fixed
+                t0 = time.perf_counter()
+                decode_step(m, c, b)
+                if r:
+                    seconds.append(time.perf_counter() - t0)
+        return [1000 * statistics.median(times[k]) for k in (None, "linear")]
 
     for b in (1, 2, 4, 8, 16, 32, 64):
-        chosen, plain = timed(b, None), timed(b, "linear")  # the same weights, F.linear forced
+        chosen, plain = timed(b)  # the same weights, F.linear forced
         out["step_ms"][b], out["linear_ms"][b] = chosen, plain
         print(
             f"  batch {b:2d}: {chosen:6.0f} ms a step ({chosen / b:6.1f} a token); "
@@ -462,6 +468,7 @@ def decode_step(m, c, b):
         m(input_ids=torch.full((b, 1), 100), cache=c, use_cache=True, logits_to_keep=1)
 
 
+STEP_ROUNDS = 4  # profile: decode steps timed per kernel choice and batch size (after one to warm up)
 PARTS_CONTEXT = 300  # tokens of each row's context in the engine's step profile (the issue's "32 rows of 300")
 PARTS_STEPS = 4  # steps timed per batch size
 JOINING = 4  # chat prompts that join the running rows in the profile's joining step

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from streaming.generation.batched import BatchedJob, BatchEngine
 from streaming.generation.thread import ThreadJob
 from streaming.model import kernels, quant, smooth
 from streaming.model.kernels import ROWS, ChosenLinear
+from streaming.model.loading import whole_pass
 from streaming.model.testing import tiny_model
 from streaming.wire.params import plain_request
 
@@ -111,6 +113,35 @@ def test_a_measured_model_keeps_its_tables_per_machine_and_reads_them_back(tmp_p
     kept.write_text(json.dumps(wrong))
     assert kernels.measure(net, tmp_path) != wrong
     assert all(m.pick(1) in m.candidates(1) for m in net.modules() if isinstance(m, ChosenLinear))
+
+
+@pytest.mark.parametrize("slow", ["wxt", "linear"])
+def test_the_tables_are_checked_in_the_whole_model_and_a_row_count_they_lose_at_runs_linear(
+    tmp_path, monkeypatch, slow
+):
+    """Each shape's own timing chose `wxt` (faked); whole passes of the model then run with the
+    tables and with `linear` everywhere, in turn: where the tables lost (a `wxt` made slow), every
+    row count goes back to `linear`, and the kept file says so; where they won, they stay."""
+    net = tiny_model(lm.load_tokenizer()).to(torch.float32)
+    kernels.wrap(net)
+    monkeypatch.setattr(kernels, "fastest", lambda sample, rows: "wxt" if rows > 1 else "linear")
+    plain = kernels.KERNELS[slow]
+
+    def slowed(layer, x):
+        time.sleep(0.002)
+        return plain(layer, x)
+
+    monkeypatch.setitem(kernels.KERNELS, slow, slowed)
+    passes = []
+    tables = kernels.measure(net, tmp_path, step=lambda n: passes.append(n) or whole_pass(net, n))
+    # (where `linear` is the slow one, past 64 rows the tiny model's `wxt` loses anyway: its output
+    # layer's 151,936-wide rows copied into place cost more than the sleeps)
+    n = len(ROWS) + 1 if slow == "wxt" else ROWS.index(64) + 1
+    want = ["linear"] * n if slow == "wxt" else ["linear"] + ["wxt"] * (n - 1)
+    assert all(t[:n] == want for t in tables.values()), tables
+    assert all((m.table + [m.prefill])[:n] == want for m in net.modules() if isinstance(m, ChosenLinear))
+    assert sorted(set(passes)) == [*ROWS[1:], kernels.PREFILL_ROWS]  # 1 row ran linear already: not checked
+    assert kernels.measure(net, tmp_path) == tables  # kept as checked
 
 
 def test_a_cache_that_cannot_be_written_only_means_timing_again(tmp_path):

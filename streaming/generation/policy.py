@@ -38,6 +38,10 @@ mean QoE with it: 0.762 against fifo's 0.856 at 0.35/s.) Promises kept:
 - no starvation: no row waits more than MAX_SKIP seconds between tokens, whatever its place;
 - a resumable stream with no reader (orphaned) runs only in the spare places of a step.
 
+Either way, a step's prefill budget stretches by up to STRETCH where that spares the waiting
+prompts a step (`stretch`: the burst's last prompt does not wait a step of its own for its last
+few tokens).
+
 Leaves out: preemption (a row keeps its KV memory while it waits) and Andes' knapsack over
 predicted lengths (the gain order here is its greedy form, with max_tokens for the length).
 """

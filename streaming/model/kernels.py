@@ -25,6 +25,10 @@ bundled model in float32: ~1.4 GB more, beside the 2 GB of weights). At one row 
 matrix-vector product) needs no copy: on an Intel Xeon with AVX-512 BF16 it took the bundled
 model's one-row step in bfloat16 from 92 to 63 ms, every layer choosing it.
 
+Then `check()` runs the whole model at each row count with the tables against `linear`
+everywhere and sets back to `linear` the row counts where the tables lost (a kernel that wins
+alone can lose among the others); the tables are kept after it.
+
 Leaves out: GPUs and MPS (their libraries choose well: only the CPU is measured).
 """
 
@@ -56,8 +60,9 @@ ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # row counts measured; a count betwee
 PREFILL_ROWS = 512
 MARGIN = 0.97  # a kernel replaces `linear` only when its median time is at most 97% of linear's (noise)
 COPY_MARGIN = 0.9  # one that keeps a copy of the weight (COPYING), at most 90%: it costs memory
-FORMAT = "kernels-3"  # the kept file's format: a change of it, or of what is timed, times again
+FORMAT = "kernels-4"  # the kept file's format: a change of it, or of what is timed, times again
 ROUNDS = 5  # timings of each candidate at each row count, judged by their median
+CHECK_ROUNDS = 3  # check(): whole-model passes of each kind at each row count, judged by their median
 SAMPLE_BYTES = 64 << 20  # weights timed per shape: more than a CPU's last-level cache, as in a real step
 MODES = ("measure", "linear")  # --kernels: measure at load (the default), or the plain product always
 
@@ -187,11 +192,18 @@ def wrap(model: torch.nn.Module, make: Callable[[torch.nn.Linear], ChosenLinear 
                 setattr(parent, name, chosen)
 
 
-def measure(model: torch.nn.Module, folder: Path | None = None, rows: tuple[int, ...] = ROWS) -> dict[str, list[str]]:
+def measure(
+    model: torch.nn.Module,
+    folder: Path | None = None,
+    rows: tuple[int, ...] = ROWS,
+    step: Callable[[int], Any] | None = None,
+) -> dict[str, list[str]]:
     """Time every candidate kernel for each shape of layer at each row count and set the layers'
-    tables. Returns the tables by shape (logged, and in /metrics). With a `folder`, the tables
-    are kept there under a key of this CPU, this torch, its threads and the shapes, and read back
-    by the next load (timing the bundled model takes ~13 s here); delete the file to time again."""
+    tables; with `step` (a whole forward pass of the model over n tokens), check them in the
+    model (check()). Returns the tables by shape (logged, and in /metrics). With a `folder`, the
+    tables are kept there under a key of this CPU, this torch, its threads and the shapes, and
+    read back by the next load (timing the bundled model takes ~13 s here, its check ~10 s);
+    delete the file to time again."""
     groups: dict[tuple[Any, ...], list[ChosenLinear]] = {}
     for m in model.modules():
         if isinstance(m, ChosenLinear):
@@ -203,20 +215,62 @@ def measure(model: torch.nn.Module, folder: Path | None = None, rows: tuple[int,
     with torch.inference_mode():
         for shape, layers in groups.items():
             table = kept[names[shape]] if kept else [fastest(sample_of(layers), n) for n in (*rows, PREFILL_ROWS)]
-            for layer in layers:
-                layer.table, layer.prefill = list(table[:-1]), table[-1]
-                if any(k in COPYING for k in table):
-                    layer.transposed()  # made now, not in the first request's step
-                else:
-                    layer.copy = None  # the timings' copy goes: no call will read it
-                if "f32" in table:
-                    layer.widened()
-                else:
-                    layer.wide = None
             tables[names[shape]] = table
+            use(layers, table)
+        if step is not None and not kept and groups:
+            for i in check([x for layers in groups.values() for x in layers], step, rows):
+                for shape, layers in groups.items():
+                    tables[names[shape]][i] = "linear"
+                    use(layers, tables[names[shape]])
     if path is not None and not kept:
         keep_tables(path, tables)
     return tables
+
+
+def use(layers: list[ChosenLinear], table: list[str]) -> None:
+    """Give layers of one shape their table (a kernel per row count, then the prefills'), and the
+    weight copies it needs, made now rather than in the first request's step; no others."""
+    for layer in layers:
+        layer.table, layer.prefill = list(table[:-1]), table[-1]
+        if any(k in COPYING for k in table):
+            layer.transposed()
+        else:
+            layer.copy = None  # the timings' copy goes: no call will read it
+        if "f32" in table:
+            layer.widened()
+        else:
+            layer.wide = None
+
+
+def check(layers: list[ChosenLinear], step: Callable[[int], Any], rows: tuple[int, ...] = ROWS) -> list[int]:
+    """Whole passes of the model over n tokens at each row count (n rows through every layer, as
+    the batched engine's flat steps run them), with the kernels chosen against `linear`
+    everywhere, in turn, CHECK_ROUNDS after one to warm up; the indices of the row counts where
+    the chosen ones were slower by their medians, each set back to `linear` by the caller. A
+    kernel timed on its own can lose inside the model, among the others: on the AMX Xeon the check
+    set 128 and 256 rows back to `linear` for the bundled model in bfloat16, where every shape's
+    own timing had chosen `wxt`."""
+    slower, said = [], []
+    for i, n in enumerate((*rows, PREFILL_ROWS)):
+        if all(layer.pick(n) == "linear" for layer in layers):
+            continue
+        times: dict[str | None, list[float]] = {None: [], "linear": []}
+        for r in range(CHECK_ROUNDS + 1):
+            for fixed in times:
+                for layer in layers:
+                    layer.fixed = fixed
+                t0 = time.perf_counter()
+                step(n)
+                if r:
+                    times[fixed].append(time.perf_counter() - t0)
+        for layer in layers:
+            layer.fixed = None
+        chosen, plain = statistics.median(times[None]), statistics.median(times["linear"])
+        said.append(f"{n}: {1000 * chosen:.1f} against {1000 * plain:.1f} ms")
+        if chosen > plain:
+            slower.append(i)
+    log.info("kernels in the model, chosen against linear everywhere, by rows: %s", "; ".join(said))
+    return slower
 
 
 def keep_tables(path: Path, tables: dict[str, list[str]]) -> None:

@@ -150,10 +150,21 @@ def load_net(choice: Choice, tokenizer: Any) -> Any:
     if choice.kernel_choice() == "measure":  # the CPU only
         kernels.wrap(m)  # the layers quantize left dense (all of them unquantized, or int4's odd shapes)
         t0 = time.perf_counter()
-        tables = kernels.measure(m, bundled.CACHE)
+        tables = kernels.measure(m, bundled.CACHE, step=lambda n: whole_pass(m, n))
         setattr(m, "kernel_tables", tables)  # noqa: B010 - on the network: Model.facts and lm.kernels read it
         log.info("kernels chosen in %.1f s: %s", time.perf_counter() - t0, kernels.describe(tables))
     return m
+
+
+def whole_pass(m: Any, n: int) -> Any:
+    """One forward pass of the model over n tokens, no cache (kernels.check: n rows through every
+    Linear layer, as the batched engine's flat steps run them; the logits of at most ROWS[-1] of
+    them, as many as a step keeps)."""
+    import torch
+
+    keep = {"logits_to_keep": min(n, kernels.ROWS[-1])} if "logits_to_keep" in _forward_parameters(m.__class__) else {}
+    with torch.inference_mode():
+        return m(input_ids=torch.full((1, n), 100, device=m.device), use_cache=False, **keep)
 
 
 def stop_ids(tokenizer: Any) -> frozenset[int]:
