@@ -124,7 +124,7 @@ def test_the_tables_are_checked_in_the_whole_model_and_a_row_count_they_lose_at_
     row count goes back to `linear`, and the kept file says so; where they won, they stay."""
     net = tiny_model(lm.load_tokenizer()).to(torch.float32)
     kernels.wrap(net)
-    monkeypatch.setattr(kernels, "fastest", lambda sample, rows: "wxt" if rows > 1 else "linear")
+    monkeypatch.setattr(kernels, "fastest", lambda _sample, rows: "wxt" if rows > 1 else "linear")
     plain = kernels.KERNELS[slow]
 
     def slowed(layer, x):
