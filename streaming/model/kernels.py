@@ -247,9 +247,10 @@ def check(layers: list[ChosenLinear], step: Callable[[int], Any], rows: tuple[in
     the batched engine's flat steps run them), with the kernels chosen against `linear`
     everywhere, in turn, CHECK_ROUNDS after one to warm up; the indices of the row counts where
     the chosen ones were slower by their medians, each set back to `linear` by the caller. A
-    kernel timed on its own can lose inside the model, among the others: on the AMX Xeon the check
-    set 128 and 256 rows back to `linear` for the bundled model in bfloat16, where every shape's
-    own timing had chosen `wxt`."""
+    kernel timed on its own can lose inside the model, among the others: on the AMX Xeon, for the
+    bundled model in bfloat16, whole 128-token passes took 167 ms with the `wxt` every shape's own
+    timing had chosen against 153 with `linear` everywhere (another load: 128 and 256 set back),
+    while from 1 to 64 rows the tables won (55 against 72 ms at 1, 102 against 108 at 64)."""
     slower, said = [], []
     for i, n in enumerate((*rows, PREFILL_ROWS)):
         if all(layer.pick(n) == "linear" for layer in layers):
