@@ -437,7 +437,8 @@ def overload(mine: dict, them: dict) -> dict:
     target = 2 * them["sustainable_rate"]
     rate = min((r for r in mine["by_rate"] if r >= target and r in them["by_rate"]), default=None)
     if not them["sustainable_rate"] or rate is None:
-        print(f"    {goal}: n/a (no rate of {target:g}/s or more measured on both) -> NOT met", flush=True)
+        why = f"no rate of {target:g}/s or more measured on both" if them["sustainable_rate"] else "no sustainable rate"
+        print(f"    {goal}: n/a ({why}) -> NOT met", flush=True)
         return {"rate": None, "met": False}
     a, b = mine["by_rate"][rate], them["by_rate"][rate]
     ratio = a["qoe_mean"] / b["qoe_mean"] if b["qoe_mean"] else float("inf")
