@@ -22,9 +22,9 @@ Leaves out: a sweep past the point where a server is clearly behind (CUTOFF), an
 
 import argparse
 import asyncio
+import functools
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -415,16 +415,11 @@ def profile(args):
         """Medians of decode steps with the chosen kernels and with F.linear forced, in turn over one
         cache (a drift of the machine, or a first touch of memory, falls on both alike)."""
         c = batch_cache(m, ids, b)
-        times = {None: [], "linear": []}
-        for r in range(STEP_ROUNDS + 1):
-            for fixed, seconds in times.items():
-                for layer in layers:
-                    layer.fixed = fixed
-                t0 = time.perf_counter()
-                decode_step(m, c, b)
-                if r:
-                    seconds.append(time.perf_counter() - t0)
-        return [1000 * statistics.median(times[k]) for k in (None, "linear")]
+        step = functools.partial(decode_step, m, c)
+        median = kernels.medians(
+            {f: functools.partial(kernels.fixed_pass, layers, f, step, b) for f in (None, "linear")}, STEP_ROUNDS
+        )
+        return [1000 * median[k] for k in (None, "linear")]
 
     for b in (1, 2, 4, 8, 16, 32, 64):
         chosen, plain = timed(b)  # the same weights, F.linear forced

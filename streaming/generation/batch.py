@@ -9,8 +9,9 @@ it without a thread: rows admitted by hand, `step()` with a fake clock.
   slot is freed), then runs one forward pass over a flat sequence of tokens: the last token of
   each row the policy runs, then the pieces of joining prompts that fit the step's prefill budget
   (a prompt longer than PREFILL_CHUNK a chunk a step, so it delays the others by a chunk, not all
-  of it; the budget stretched by up to a quarter where that spares them a step, policy.stretch). Each token's keys and values go straight into its row's slot, and attention reads the
-  slots (attention.py), so the rows that sit out cost nothing and the prompts that join ride in
+  of it; the budget stretched by up to a quarter where that spares them a step, policy.stretch).
+  Each token's keys and values go straight into its row's slot, and attention reads the slots
+  (attention.py), so the rows that sit out cost nothing and the prompts that join ride in
   the decode's pass instead of a second one (Sarathi-Serve's chunked prefill, one weight read);
 - a prompt whose last piece is in gets its first token from that pass and joins the decoding rows;
 - each row samples with its own seeded draws, temperature and top_p (sampling.choose_batch), and

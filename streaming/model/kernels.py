@@ -37,7 +37,9 @@ from __future__ import annotations
 import bisect
 import contextlib
 import copy
+import functools
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -47,7 +49,7 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -121,6 +123,7 @@ COPY_ROWS = 2  # up to this many rows (past it the others win here, and timing c
 HALF = (torch.bfloat16, torch.float16)  # weights that "f32" can widen
 WIDE_ROWS = 128  # from this many rows "f32" is a candidate (a copy of the weight that wins only at prefill sizes)
 log = logging.getLogger("streaming.model")
+K = TypeVar("K")
 
 
 class ChosenLinear(torch.nn.Module):
@@ -217,11 +220,15 @@ def measure(
             table = kept[names[shape]] if kept else [fastest(sample_of(layers), n) for n in (*rows, PREFILL_ROWS)]
             tables[names[shape]] = table
             use(layers, table)
-        if step is not None and not kept and groups:
-            for i in check([x for layers in groups.values() for x in layers], step, rows):
-                for shape, layers in groups.items():
-                    tables[names[shape]][i] = "linear"
-                    use(layers, tables[names[shape]])
+        if (
+            step is not None
+            and not kept
+            and groups
+            and (slower := check([*itertools.chain(*groups.values())], step, rows))
+        ):
+            for shape, layers in groups.items():
+                tables[names[shape]] = [("linear" if i in slower else k) for i, k in enumerate(tables[names[shape]])]
+                use(layers, tables[names[shape]])
     if path is not None and not kept:
         keep_tables(path, tables)
     return tables
@@ -255,23 +262,24 @@ def check(layers: list[ChosenLinear], step: Callable[[int], Any], rows: tuple[in
     for i, n in enumerate((*rows, PREFILL_ROWS)):
         if all(layer.pick(n) == "linear" for layer in layers):
             continue
-        times: dict[str | None, list[float]] = {None: [], "linear": []}
-        for r in range(CHECK_ROUNDS + 1):
-            for fixed in times:
-                for layer in layers:
-                    layer.fixed = fixed
-                t0 = time.perf_counter()
-                step(n)
-                if r:
-                    times[fixed].append(time.perf_counter() - t0)
+        median = medians(
+            {fixed: functools.partial(fixed_pass, layers, fixed, step, n) for fixed in (None, "linear")}, CHECK_ROUNDS
+        )
         for layer in layers:
             layer.fixed = None
-        chosen, plain = statistics.median(times[None]), statistics.median(times["linear"])
+        chosen, plain = median[None], median["linear"]
         said.append(f"{n}: {1000 * chosen:.1f} against {1000 * plain:.1f} ms")
         if chosen > plain:
             slower.append(i)
     log.info("kernels in the model, chosen against linear everywhere, by rows: %s", "; ".join(said))
     return slower
+
+
+def fixed_pass(layers: list[ChosenLinear], fixed: str | None, step: Callable[[int], Any], n: int) -> None:
+    """`step(n)` with every layer running `fixed` (None: its table)."""
+    for layer in layers:
+        layer.fixed = fixed
+    step(n)
 
 
 def keep_tables(path: Path, tables: dict[str, list[str]]) -> None:
@@ -356,17 +364,28 @@ def fastest(sample: list[ChosenLinear], rows: int) -> str:
     first = sample[0]
     x = torch.randn(rows, first.in_features, dtype=first.weight.dtype, device=first.weight.device)
     names = first.candidates(rows)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(ROUNDS + 1):
-        for name in names:
-            t0 = time.perf_counter()
-            for layer in sample:
-                layer.run(name, x)
-            if r:
-                times[name].append(time.perf_counter() - t0)
-    median = {name: statistics.median(t) for name, t in times.items()}
+    median = medians({name: functools.partial(run_all, sample, name, x) for name in names}, ROUNDS)
     passing = [n for n in names if median[n] <= (COPY_MARGIN if n in COPYING else MARGIN) * median["linear"]]
     return min(passing, key=median.__getitem__) if passing else "linear"
+
+
+def run_all(layers: list[ChosenLinear], name: str, x: torch.Tensor) -> None:
+    for layer in layers:
+        layer.run(name, x)
+
+
+def medians(runs: dict[K, Callable[[], Any]], rounds: int) -> dict[K, float]:
+    """Each run's median seconds over `rounds` rounds after one to warm up, the runs in turn in
+    every round (so a slow moment of the machine falls on all of them): fastest(), check() and
+    bench.py's profile time their candidates so."""
+    times: dict[K, list[float]] = {k: [] for k in runs}
+    for r in range(rounds + 1):
+        for k, run in runs.items():
+            t0 = time.perf_counter()
+            run()
+            if r:
+                times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(t) for k, t in times.items()}
 
 
 def describe(tables: dict[str, list[str]], rows: tuple[int, ...] = ROWS) -> str:
