@@ -149,6 +149,23 @@ def test_qoe_runs_every_row_when_nobody_needs_a_place():
     assert Qoe(min_batch=1, conserving=False).plan(ahead, now=20.0).run == [0]
 
 
+def test_qoe_lets_every_row_ride_with_a_prompt_whose_first_text_comes_soon_all_the_same():
+    """A lone arrival's short prompt, with every row far ahead: its prefill with all of them
+    riding leaves it more than JOIN_MARGIN of its first second, so nobody sits out; a burst's
+    prompts, a prompt that waited, or costs not yet measured: the rows make room as before."""
+    ahead = [Fake(delivered=200 + i, last_at=19.9) for i in range(20)]
+    costs = StepCosts()
+    costs.record(20, 0.09)
+    q = Qoe(min_batch=4)
+    assert q.plan(ahead, now=20.0, joining=19.99, costs=costs, waiting=50).run == list(range(20))
+    assert len(q.plan(ahead, now=20.0, joining=19.99, costs=costs, waiting=2000).run) == 4  # a burst
+    assert len(q.plan(ahead, now=20.0, joining=19.6, costs=costs, waiting=50).run) == 4  # waited 0.4 s
+    assert len(q.plan(ahead, now=20.0, joining=19.99, costs=StepCosts(), waiting=50).run) == 4  # not measured
+    assert len(q.plan(ahead, now=20.0, joining=19.99, costs=costs).run) == 4  # tokens not said
+    behind = [*ahead, Fake(delivered=80, last_at=19.9)]  # a reader about to wait: places are needed
+    assert len(q.plan(behind, now=20.0, joining=19.99, costs=costs, waiting=50).run) < 21
+
+
 def test_qoe_runs_the_urgent_rows_worth_the_step_newest_and_shortest_first():
     costs = StepCosts(weight=1.0)
     for n, seconds in ((1, 0.10), (2, 0.12), (4, 0.15), (8, 0.30)):

@@ -126,9 +126,11 @@ class Batch:
         """The stop flags, then one pass: the rows the policy runs and the prompts that join (a
         row whose prompt is all in has its first token from this pass)."""
         self.drop_stopped()
-        plan = self.policy.plan(self.rows, self.clock(), self.joining[0].created if self.joining else None, self.costs)
+        waiting = self.to_prefill() if self.joining else 0
+        first = self.joining[0].created if self.joining else None
+        plan = self.policy.plan(self.rows, self.clock(), first, self.costs, waiting)
         run = sorted((self.rows[i] for i in plan.run), key=lambda r: r.slot or 0)  # in slot order
-        pieces = self.pieces(stretch(plan.prefill, self.to_prefill())) if self.joining else []
+        pieces = self.pieces(stretch(plan.prefill, waiting)) if self.joining else []
         if run or pieces:
             self.forward(run, pieces)
 
