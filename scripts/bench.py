@@ -484,7 +484,7 @@ def engine_parts(lm, out):
     from streaming.wire.params import plain_request
 
     class Half(Fifo):
-        def plan(self, rows, now, joining=None, costs=None):  # noqa: ARG002 - as Fifo.plan
+        def plan(self, rows, now, joining=None, costs=None, waiting=None):  # noqa: ARG002 - as Fifo.plan
             return Plan(list(range(0, len(rows), 2)), self.budget)
 
     ids = (lm.tok(" ".join(PROMPTS)).input_ids * 4)[:PARTS_CONTEXT]
