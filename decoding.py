@@ -6,6 +6,6 @@ anywhere. `choose_batch` does the same for a batch of rows. The code lives in th
 (streaming/generation/sampling.py), which the engines use; this is the article's name for it.
 """
 
-from streaming.generation.sampling import Draws, choose, choose_batch, pick, uniform
+from streaming.generation.sampling import Draws, choose, choose_batch, uniform
 
-__all__ = ["Draws", "choose", "choose_batch", "pick", "uniform"]
+__all__ = ["Draws", "choose", "choose_batch", "uniform"]

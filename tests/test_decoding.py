@@ -25,10 +25,27 @@ def test_top_p_keeps_the_smallest_set_that_reaches_p():
     assert sample_set(logits, p=1.0) == {0, 1, 2, 3}
 
 
-def test_top_p_with_a_flat_distribution_over_a_large_vocabulary_falls_back_to_a_full_sort():
-    logits = torch.zeros(20000)  # the top 8,192 hold only 41% of the mass: choose must sort all
+def test_top_p_with_a_flat_distribution_over_a_large_vocabulary_draws_past_every_top_k_tier():
+    logits = torch.zeros(20000)  # the top 1,024 hold 5% of the mass: the nucleus is 18,000 tokens
     seen = sample_set(logits, p=0.9, n=2000)
-    assert max(seen) > 8192 and len(seen) > 1500
+    assert max(seen) > 8192 and len(seen) > 1500 and max(seen) < 18000
+
+
+@pytest.mark.parametrize("spread", [0.3, 1.0, 3.0])
+def test_a_broad_nucleus_found_by_buckets_is_the_one_a_full_sort_finds(spread):
+    """broad_nucleus keeps exactly the smallest set of likeliest tokens reaching p, as sorting the
+    whole row would (Qwen's vocabulary, flat and less flat rows, several p)."""
+    from streaming.generation.sampling import broad_nucleus
+
+    g = torch.Generator().manual_seed(int(spread * 10))
+    for p in (0.5, 0.9, 0.99):
+        probs = torch.softmax(torch.randn(151936, generator=g) * spread, -1)
+        values, order = torch.sort(probs, descending=True)
+        before = torch.cumsum(values.double(), 0) - values.double()
+        expected = set(order[before < p].tolist())
+        kept = broad_nucleus(probs, p)
+        assert set(torch.nonzero(kept).flatten().tolist()) == expected
+        assert torch.equal(kept[list(expected)], probs[list(expected)])
 
 
 def test_greedy_at_temperature_zero():
@@ -84,15 +101,15 @@ def test_uniform_draws_are_exact_floats_in_the_unit_interval_and_spread_evenly()
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_a_batch_samples_each_row_as_choose_does_alone_whichever_way_its_nucleus_is_found(dtype):
     """choose_batch against choose, row by row: a peaked row (the top-k holds p), one whose
-    nucleus is a few hundred tokens, one of a few thousand (the last top-k tier), a flat one that
-    needs the full sort, and a greedy one; bfloat16 logits too."""
+    nucleus is a few hundred tokens, one of a few thousand (past the top-k tiers), a flat one, and
+    a greedy one; bfloat16 logits too."""
     g = torch.Generator().manual_seed(5)
     vocab = 20000
     peaked = torch.randn(vocab, generator=g) * 4
     wider = torch.randn(vocab, generator=g) * 0.3
     wider[:300] += 4.0  # ~300 likely tokens
     broad = torch.randn(vocab, generator=g) * 0.3
-    broad[:3000] += 4.0  # ~3,000 likely tokens: past TOP_K[1], within TOP_K[2]
+    broad[:3000] += 4.0  # ~3,000 likely tokens: past TOP_K[1], drawn from buckets
     flat = torch.zeros(vocab)
     rows = torch.stack([peaked, wider, flat, peaked, broad, flat] * 3).to(dtype)  # 18 rows: in blocks
     temperatures, top_ps = [0.7, 1.0, 1.0, 0.0, 1.0, 1.0] * 3, [0.9, 0.9, 0.9, 0.9, 0.9, 1.0] * 3  # top_p 1: no order

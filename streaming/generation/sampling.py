@@ -18,11 +18,14 @@ from collections.abc import Sequence
 
 import torch
 
-# The likeliest tokens looked at for a nucleus before a full sort (see choose_batch). The last
-# tier is for flat distributions (temperature 1 after a long context: 4 of 60 positions measured
-# had a 0.9-nucleus past 1,024 tokens, 1 past 8,192): a top-8,192 of 8 rows took 7 ms here where
-# sorting their whole vocabulary took 44.
-TOP_K = (64, 1024, 8192)
+# The likeliest tokens looked at for a nucleus in order (see choose_batch); a nucleus past the last
+# tier is broad (temperature 1 after a long context: 4 of 60 positions measured had a 0.9-nucleus
+# past 1,024 tokens, 1 past 8,192) and is found by buckets, not order (broad_pick).
+TOP_K = (64, 1024)
+# broad_pick: a float32 probability's top 16 bits (its exponent and 7 bits of mantissa) name its
+# bucket; buckets are in the order of the probabilities they hold, each within 1% of itself.
+BUCKET_SHIFT = 16
+BUCKETS = 1 << 15  # the bucket numbers of non-negative float32 values (the sign bit is 0)
 # Rows sampled together: 8 rows of float32 probabilities over Qwen's vocabulary are 4.9 MB, which
 # stay in the cache; all 64 at once (39 MB, allocated afresh) took 71 ms against 16 in blocks of 8
 # here (top_p 1), 125 against 78 (top_p 0.9, random logits).
@@ -88,13 +91,19 @@ def pick_any(probs: torch.Tensor, us: Sequence[float]) -> list[int]:
     return out
 
 
-def pick(kept: torch.Tensor, u: float) -> int:
-    """Inverse-CDF sampling with the uniform draw u: the index into `kept` (probabilities, zeros
-    past the nucleus) whose cumulative share first passes u. The same u gives the same index
-    whether or not the zeros are in the tensor."""
+def pick_heads(sorted_probs: torch.Tensor, ps: Sequence[float], us: Sequence[float]) -> list[int]:
+    """Rows of probabilities in descending order (each row's likeliest, enough to hold its
+    nucleus), row i with top_p ps[i] and draw us[i]: each row's index into its own head. A token
+    stays in the nucleus if the tokens before it (more likely) add up to less than p (the first
+    always stays); the draw is an inverse-CDF draw over those, the index whose cumulative share
+    first passes u. All rows in a few calls: one row at a time cost about 0.2 ms a row here."""
+    p = torch.tensor(ps, device=sorted_probs.device, dtype=sorted_probs.dtype).unsqueeze(1)
+    before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+    kept = sorted_probs.masked_fill(before >= p, 0.0)
     cdf = torch.cumsum(kept, dim=-1)
-    x = torch.tensor([u], device=cdf.device, dtype=cdf.dtype) * cdf[-1]
-    return min(int(torch.searchsorted(cdf, x, right=True)), int((kept > 0).sum()) - 1)
+    x = torch.tensor(us, device=cdf.device, dtype=cdf.dtype).unsqueeze(1) * cdf[:, -1:]
+    index = torch.searchsorted(cdf, x, right=True).flatten()
+    return torch.minimum(index, (kept > 0).sum(-1) - 1).tolist()
 
 
 def choose_batch(
@@ -108,8 +117,8 @@ def choose_batch(
     The nucleus (the smallest set of likeliest tokens whose probability reaches top_p) is nearly
     always among a few dozen tokens: a top-k of TOP_K[0] is found for every row (2.4x cheaper than
     one of 1,024 at 64 rows here), the rows whose top-k falls short of top_p look again with
-    TOP_K[1] and then TOP_K[2], and those still short sort the whole vocabulary (a flat
-    distribution), all in one call. A row whose top_p is 1 (the OpenAI and Anthropic formats' default) keeps the whole
+    TOP_K[1], and those still short (a flat distribution) draw from buckets instead of an order
+    (broad_pick). A row whose top_p is 1 (the OpenAI and Anthropic formats' default) keeps the whole
     vocabulary, so it needs no order at all: its draw is taken over the probabilities as they lie
     (a sort of 151,936 of them cost 5-10 ms a row here: 119 against 5 ms for 16 such rows).
     Rows go SAMPLE_ROWS at a time."""
@@ -144,22 +153,24 @@ def choose_batch(
         for r, token in zip(whole, picked, strict=True):
             out[sampled[r]] = token
     nucleus = {r: top_ps[i] for r, i in enumerate(sampled) if top_ps[i] < 1}
-    for r, (sorted_probs, order) in descending_heads(probs, nucleus).items():
-        i = sampled[r]
-        # Keep the smallest set of most likely tokens whose probability reaches p: a token stays
-        # if the tokens before it (more likely) add up to less than p. The first token always stays.
-        before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-        kept = sorted_probs.masked_fill(before >= top_ps[i], 0.0)
-        out[i] = int(order[pick(kept, us[i])])
+    heads = descending_heads(probs, nucleus)
+    for rs, sorted_probs, order in heads:  # each tier's rows at once
+        index = pick_heads(sorted_probs, [nucleus[r] for r in rs], [us[sampled[r]] for r in rs])
+        tokens = order.gather(1, torch.tensor(index, device=order.device).unsqueeze(1)).flatten().tolist()
+        for r, token in zip(rs, tokens, strict=True):
+            out[sampled[r]] = token
+    for r in nucleus.keys() - {r for rs, _, _ in heads for r in rs}:  # broad: past every tier
+        out[sampled[r]] = broad_pick(probs[r], nucleus[r], us[sampled[r]])
     return out
 
 
-def descending_heads(probs: torch.Tensor, ps: dict[int, float]) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-    """For each row r of `probs` in `ps` (r: its top_p), its likeliest probabilities in descending
-    order and their tokens, enough of them to hold its nucleus: the top TOP_K[0], else the next
-    tier's, else the whole vocabulary sorted (the rows still short, in one call)."""
+def descending_heads(probs: torch.Tensor, ps: dict[int, float]) -> list[tuple[list[int], torch.Tensor, torch.Tensor]]:
+    """For the rows r of `probs` in `ps` (r: its top_p), tier by tier: (the rows, their likeliest
+    probabilities in descending order, their tokens), enough of them to hold each row's nucleus:
+    the top TOP_K[0], else the next tier's; a row whose nucleus is past every tier is in none
+    (broad_pick draws for it)."""
     vocab = probs.shape[-1]
-    found: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    found: list[tuple[list[int], torch.Tensor, torch.Tensor]] = []
     todo = list(ps)
     for k in TOP_K:
         if not todo:
@@ -167,14 +178,39 @@ def descending_heads(probs: torch.Tensor, ps: dict[int, float]) -> dict[int, tup
         k = min(k, vocab)
         top_probs, top_order = torch.topk(probs if len(todo) == len(probs) else probs[todo], k)
         sums = top_probs.sum(-1).tolist()
-        left = []
-        for j, r in enumerate(todo):
-            if sums[j] >= ps[r] or k == vocab:
-                found[r] = (top_probs[j], top_order[j])
-            else:
-                left.append(r)
-        todo = left
-    if todo:  # flat distributions
-        values, orders = torch.sort(probs[todo], dim=-1, descending=True)
-        found |= {r: (values[j], orders[j]) for j, r in enumerate(todo)}
+        held = [j for j, r in enumerate(todo) if sums[j] >= ps[r] or k == vocab]
+        if len(held) == len(todo):
+            found.append((todo, top_probs, top_order))
+        elif held:
+            found.append(([todo[j] for j in held], top_probs[held], top_order[held]))
+        todo = [r for j, r in enumerate(todo) if sums[j] < ps[r] and k < vocab]
     return found
+
+
+def broad_pick(probs: torch.Tensor, p: float, u: float) -> int:
+    return pick_any(broad_nucleus(probs, p).unsqueeze(0), [u])[0]
+
+
+def broad_nucleus(probs: torch.Tensor, p: float) -> torch.Tensor:
+    """For broad_pick: one row's probabilities kept in its nucleus, the others zero, for a broad
+    nucleus (past every TOP_K tier: a flat distribution) and without sorting the vocabulary: sorting a row of Qwen's 151,936 cost 5-6
+    ms here, this about a tenth of it. The probabilities' buckets (BUCKET_SHIFT) are in their order,
+    so one weighted count says which bucket the nucleus ends in: every bucket above it is in the
+    nucleus whole, and only the boundary bucket's few tokens are sorted, to keep those of them that
+    the smallest set reaching p holds (a token stays if the likelier ones add up to less than p,
+    as in choose_batch; ties in the order of the vocabulary). broad_pick's draw is an inverse-CDF
+    draw over the nucleus in vocabulary order: the same distribution as over it sorted, a different
+    token for the same u (each row's tokens depend on its own logits and draw alone, as before)."""
+    bits = probs.view(torch.int32) >> BUCKET_SHIFT  # non-negative floats' bits are in their order
+    mass = torch.bincount(bits, weights=probs.to(torch.float64), minlength=BUCKETS)
+    from_top = torch.cumsum(mass.flip(0), 0)
+    k = min(int(torch.searchsorted(from_top, torch.tensor([p], dtype=torch.float64))), BUCKETS - 1)
+    edge = BUCKETS - 1 - k  # the bucket the nucleus ends in
+    above = float(from_top[k] - mass[edge])  # the mass of the buckets above it: less than p
+    inside = torch.nonzero(bits == edge).flatten()
+    values, order = torch.sort(probs[inside], descending=True, stable=True)
+    before = above + torch.cumsum(values.to(torch.float64), 0) - values.to(torch.float64)
+    kept = torch.where(bits > edge, probs, torch.zeros((), dtype=probs.dtype))
+    stays = inside[order[before < p]]
+    kept[stays] = probs[stays]
+    return kept
