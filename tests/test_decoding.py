@@ -133,3 +133,20 @@ def test_top_p_one_draws_from_the_whole_distribution_without_sorting_it_and_neve
     from streaming.generation.sampling import pick_any
 
     assert pick_any(probs.unsqueeze(0).repeat(2, 1), [1 - 2**-24, 0.0]) == [4, 0]
+
+
+@pytest.mark.parametrize("k", [64, 1024])
+def test_the_top_k_found_in_pieces_is_torchs(k):
+    """sampling.top: the same values as torch.topk, in the same order, each at an index that
+    holds it, on Qwen's vocabulary (peaked, flat, ties); another vocabulary size is torch.topk's."""
+    from streaming.generation.sampling import top
+
+    g = torch.Generator().manual_seed(k)
+    rows = torch.softmax(torch.randn(6, 151936, generator=g) * torch.tensor([[0.3], [1], [3], [6], [0], [2]]), -1)
+    rows[5, 1000:1100] = rows[5].max()  # ties at the top
+    values, indices = top(rows, k)
+    expected = torch.topk(rows, k)
+    assert torch.equal(values, expected.values) and torch.equal(rows.gather(1, indices), values)
+    assert all(len(set(r)) == k for r in indices.tolist())
+    odd = rows[:, :20001]  # not a whole number of pieces
+    assert torch.equal(top(odd, k)[1], torch.topk(odd, k).indices)
