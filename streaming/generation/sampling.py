@@ -95,9 +95,10 @@ def pick_any(probs: torch.Tensor, us: Sequence[float]) -> list[int]:
     return out
 
 
-def pick_heads(sorted_probs: torch.Tensor, ps: Sequence[float], us: Sequence[float]) -> list[int]:
+def pick_heads(sorted_probs: torch.Tensor, ps: Sequence[float], us: Sequence[float]) -> torch.Tensor:
     """Rows of probabilities in descending order (each row's likeliest, enough to hold its
-    nucleus), row i with top_p ps[i] and draw us[i]: each row's index into its own head. A token
+    nucleus), row i with top_p ps[i] and draw us[i]: each row's index into its own head (a column
+    of indices, ready to gather the tokens with). A token
     stays in the nucleus if the tokens before it (more likely) add up to less than p (the first
     always stays); the draw is an inverse-CDF draw over those, the index whose cumulative share
     first passes u. All rows in a few calls: one row at a time cost about 0.2 ms a row here."""
@@ -106,8 +107,8 @@ def pick_heads(sorted_probs: torch.Tensor, ps: Sequence[float], us: Sequence[flo
     kept = sorted_probs.masked_fill(before >= p, 0.0)
     cdf = torch.cumsum(kept, dim=-1)
     x = torch.tensor(us, device=cdf.device, dtype=cdf.dtype).unsqueeze(1) * cdf[:, -1:]
-    index = torch.searchsorted(cdf, x, right=True).flatten()
-    return torch.minimum(index, (kept > 0).sum(-1) - 1).tolist()
+    index = torch.searchsorted(cdf, x, right=True)
+    return torch.minimum(index, (kept > 0).sum(-1, keepdim=True) - 1)
 
 
 def choose_batch(
@@ -157,25 +158,25 @@ def choose_batch(
         for r, token in zip(whole, picked, strict=True):
             out[sampled[r]] = token
     nucleus = {r: top_ps[i] for r, i in enumerate(sampled) if top_ps[i] < 1}
-    heads = descending_heads(probs, nucleus)
+    heads, broad = descending_heads(probs, nucleus)
     for rs, sorted_probs, order in heads:  # each tier's rows at once
         index = pick_heads(sorted_probs, [nucleus[r] for r in rs], [us[sampled[r]] for r in rs])
-        tokens = order.gather(1, torch.tensor(index, device=order.device).unsqueeze(1)).flatten().tolist()
-        for r, token in zip(rs, tokens, strict=True):
+        for r, token in zip(rs, order.gather(1, index).flatten().tolist(), strict=True):
             out[sampled[r]] = token
-    broad = sorted(nucleus.keys() - {r for rs, _, _ in heads for r in rs})  # past every tier
-    if broad:
+    if broad:  # past every tier
         picked = broad_pick(probs[broad], [nucleus[r] for r in broad], [us[sampled[r]] for r in broad])
         for r, token in zip(broad, picked, strict=True):
             out[sampled[r]] = token
     return out
 
 
-def descending_heads(probs: torch.Tensor, ps: dict[int, float]) -> list[tuple[list[int], torch.Tensor, torch.Tensor]]:
+def descending_heads(
+    probs: torch.Tensor, ps: dict[int, float]
+) -> tuple[list[tuple[list[int], torch.Tensor, torch.Tensor]], list[int]]:
     """For the rows r of `probs` in `ps` (r: its top_p), tier by tier: (the rows, their likeliest
     probabilities in descending order, their tokens), enough of them to hold each row's nucleus:
-    the top TOP_K[0], else the next tier's; a row whose nucleus is past every tier is in none
-    (broad_pick draws for it)."""
+    the top TOP_K[0], else the next tier's; and the rows whose nucleus is past every tier, in
+    order (broad_pick draws for them)."""
     vocab = probs.shape[-1]
     found: list[tuple[list[int], torch.Tensor, torch.Tensor]] = []
     todo = list(ps)
@@ -190,8 +191,9 @@ def descending_heads(probs: torch.Tensor, ps: dict[int, float]) -> list[tuple[li
             found.append((todo, top_probs, top_order))
         elif held:
             found.append(([todo[j] for j in held], top_probs[held], top_order[held]))
-        todo = [r for j, r in enumerate(todo) if sums[j] < ps[r] and k < vocab]
-    return found
+        done = set(held)
+        todo = [r for j, r in enumerate(todo) if j not in done]
+    return found, todo
 
 
 def top(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
