@@ -79,7 +79,12 @@ def test_a_layer_runs_what_its_table_names_for_the_row_count_and_the_prefills_pa
 
 def test_prefills_run_the_kernel_timed_at_their_size_and_f32_widens_a_half_weight():
     chosen = ChosenLinear(layer(torch.bfloat16, bias=True))
-    assert chosen.candidates(kernels.PREFILL_ROWS) == chosen.candidates(kernels.WIDE_ROWS) == ["linear", "wxt", "f32"]
+    dnn = ["dnn"] if chosen.blockable() else []  # oneDNN's blocked copy, where torch has it
+    assert (
+        chosen.candidates(kernels.PREFILL_ROWS)
+        == chosen.candidates(kernels.WIDE_ROWS)
+        == ["linear", "wxt", "f32", *dnn]
+    )
     assert "f32" not in chosen.candidates(kernels.WIDE_ROWS // 2)  # its copy wins at prefill sizes only
     assert "f32" not in ChosenLinear(layer(torch.float32, bias=True)).candidates(kernels.PREFILL_ROWS)
     chosen.prefill = "f32"
@@ -156,7 +161,8 @@ def test_a_cache_that_cannot_be_written_only_means_timing_again(tmp_path):
 def test_a_quantized_layer_times_its_own_kernel_too_and_never_runs_it_where_dense_is_faster(monkeypatch):
     net = quant.quantize(tiny_model(lm.load_tokenizer()).to(torch.float32), "int8")
     q = next(m for m in net.modules() if isinstance(m, quant.QuantLinear))
-    assert q.candidates(1) == ["linear", "mv", "xwt", "int8"] and q.candidates(8) == ["linear", "wxt", "int8"]
+    dnn = ["dnn"] if q.blockable() else []
+    assert q.candidates(1) == ["linear", "mv", "xwt", "int8"] and q.candidates(8) == ["linear", "wxt", *dnn, "int8"]
     monkeypatch.setattr(kernels, "fastest", lambda sample, rows: "linear" if rows > 2 else sample[0].mode)
     kernels.measure(net)
     assert q.table[:3] == ["int8", "int8", "linear"] and q.pick(1) == "int8" and q.pick(64) == "linear"
@@ -234,7 +240,8 @@ def test_the_fp16_weights_compute_the_product_within_float16s_rounding_in_float3
     count, packed again when cut by rows for timing."""
     plain = layer(dtype)
     q = quant.QuantLinear(plain, "fp16")
-    assert q.candidates(1) == ["linear", "mv", "xwt", "fp16"] and q.candidates(16) == ["linear", "wxt", "fp16"]
+    dnn = ["dnn"] if q.blockable() else []
+    assert q.candidates(1) == ["linear", "mv", "xwt", "fp16"] and q.candidates(16) == ["linear", "wxt", *dnn, "fp16"]
     assert q.table == ["fp16"] * len(ROWS)  # until measured: it wins at every decode row count on an AVX2 CPU
     tolerance = 1e-3 if dtype == torch.float32 else TOLERANCE[dtype]  # float16 weights: ~2e-4 of the product
     for rows in (1, 2, 7, 64, 100):
@@ -306,3 +313,41 @@ def test_a_batch_through_w8a8_gives_each_row_its_tokens_alone_through_it():
     assert all(alone) and together == alone
     with pytest.raises(ValueError, match="smooths on a text"):
         quant.quantize(tiny_model(tok).eval(), "w8a8")
+
+
+def test_the_blocked_copy_is_made_only_for_a_table_that_names_it_and_runs_the_same_product():
+    """ "dnn" keeps oneDNN's own layout of the weight (a copy): a table that chose it makes it at
+    once (not in the first request's step), one that did not drops the timings' copy; a piece of a
+    layer (the output layer timed by its first rows) gets none of the whole's."""
+    chosen = ChosenLinear(layer(torch.bfloat16, bias=True))
+    if not chosen.blockable():
+        pytest.skip("this torch has no oneDNN")
+    assert "dnn" in chosen.candidates(2) and "dnn" not in chosen.candidates(1)  # torch.mv needs no copy
+    kernels.use([chosen], ["mv", *["dnn"] * (len(ROWS) - 1), "dnn"])
+    assert chosen.blocks is not None and chosen.part(40).blocks is None
+    x = torch.randn(5, 96).to(torch.bfloat16)
+    with torch.inference_mode():
+        want = torch.nn.functional.linear(x, chosen.weight, chosen.bias)
+        assert torch.allclose(
+            chosen(x).float(), want.float(), rtol=0, atol=TOLERANCE[torch.bfloat16] * float(want.abs().max())
+        )
+    kernels.use([chosen], ["linear"] * (len(ROWS) + 1))
+    assert chosen.blocks is None
+
+
+def test_a_process_times_its_kernels_only_when_no_other_is_timing_on_the_machine(tmp_path):
+    """Timings taken beside another process's are the contention's, and they are kept: a load
+    waits on the kept tables' folder's lock (held here as another process would), then times."""
+    import fcntl
+    import threading
+
+    net = tiny_model(lm.load_tokenizer()).to(torch.float32)
+    kernels.wrap(net)
+    done = threading.Event()
+    with open(tmp_path / kernels.LOCK_FILE, "a+b") as other:
+        fcntl.flock(other, fcntl.LOCK_EX)
+        waiting = threading.Thread(target=lambda: (kernels.measure(net, tmp_path), done.set()))
+        waiting.start()
+        assert not done.wait(0.5) and not list(tmp_path.glob("kernels-*.json"))
+    waiting.join(60)
+    assert done.is_set() and len(list(tmp_path.glob("kernels-*.json"))) == 1
