@@ -112,8 +112,9 @@ def test_a_measured_model_keeps_its_tables_per_machine_and_reads_them_back(tmp_p
     monkeypatch.setattr(kernels, "fastest", no_timing)
     assert kernels.measure(net, tmp_path) == tables
     kept.write_text('{"not": "tables"}')  # a damaged file is timed again, not trusted
-    monkeypatch.undo()
-    assert set(kernels.measure(net, tmp_path)) == set(tables)
+    timed = []
+    monkeypatch.setattr(kernels, "fastest", lambda _sample, rows, kept=frozenset(): timed.append(rows) or "linear")
+    assert set(kernels.measure(net, tmp_path)) == set(tables) and timed
     wrong = {name: ["int8"] * (len(ROWS) + 1) for name in tables}  # a kernel these dense layers do not have
     kept.write_text(json.dumps(wrong))
     assert kernels.measure(net, tmp_path) != wrong
@@ -335,7 +336,7 @@ def test_the_blocked_copy_is_made_only_for_a_table_that_names_it_and_runs_the_sa
     assert chosen.blocks is None
 
 
-def test_a_process_times_its_kernels_only_when_no_other_is_timing_on_the_machine(tmp_path):
+def test_a_process_times_its_kernels_only_when_no_other_is_timing_on_the_machine(tmp_path, monkeypatch):
     """Timings taken beside another process's are the contention's, and they are kept: a load
     waits on the kept tables' folder's lock (held here as another process would), then times."""
     import fcntl
@@ -343,6 +344,9 @@ def test_a_process_times_its_kernels_only_when_no_other_is_timing_on_the_machine
 
     net = tiny_model(lm.load_tokenizer()).to(torch.float32)
     kernels.wrap(net)
+    monkeypatch.setattr(
+        kernels, "fastest", lambda _sample, _rows, kept=frozenset(): "linear"
+    )  # the lock, not the timing
     done = threading.Event()
     with open(tmp_path / kernels.LOCK_FILE, "a+b") as other:
         fcntl.flock(other, fcntl.LOCK_EX)
@@ -351,3 +355,27 @@ def test_a_process_times_its_kernels_only_when_no_other_is_timing_on_the_machine
         assert not done.wait(0.5) and not list(tmp_path.glob("kernels-*.json"))
     waiting.join(60)
     assert done.is_set() and len(list(tmp_path.glob("kernels-*.json"))) == 1
+
+
+def test_a_copy_kept_for_some_row_counts_is_timed_again_at_the_plain_margin_where_it_was_a_candidate(monkeypatch):
+    """The copy's margin pays for its memory once: a table that keeps the blocked copy for 64 rows
+    and up times the other counts where it was a candidate again without that margin; a table
+    with no copy is timed once."""
+    chosen = ChosenLinear(layer(torch.bfloat16, bias=False))
+    if not chosen.blockable():
+        pytest.skip("this torch has no oneDNN")
+    calls = []
+
+    def fake(_sample, rows, kept=frozenset()):
+        calls.append((rows, kept))
+        if rows == 1:
+            return "mv"
+        return "dnn" if rows >= 64 and (rows <= ROWS[-1] or "dnn" in kept) else "wxt"
+
+    monkeypatch.setattr(kernels, "fastest", fake)
+    table = kernels.timed_table([chosen], ROWS)
+    assert table == ["mv", *["wxt"] * 5, "dnn", "dnn", "dnn", "dnn"]  # 2-32: "wxt" won at either margin
+    assert [n for n, kept in calls if kept] == [2, 4, 8, 16, 32, kernels.PREFILL_ROWS]  # not 1: no candidate there
+    calls.clear()
+    monkeypatch.setattr(kernels, "fastest", lambda _sample, rows, kept=frozenset(): calls.append(rows) or "linear")
+    assert kernels.timed_table([chosen], ROWS) == ["linear"] * (len(ROWS) + 1) and len(calls) == len(ROWS) + 1
