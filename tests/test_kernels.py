@@ -113,7 +113,7 @@ def test_a_measured_model_keeps_its_tables_per_machine_and_reads_them_back(tmp_p
     assert kernels.measure(net, tmp_path) == tables
     kept.write_text('{"not": "tables"}')  # a damaged file is timed again, not trusted
     timed = []
-    monkeypatch.setattr(kernels, "fastest", lambda _sample, rows, kept=frozenset(): timed.append(rows) or "linear")
+    monkeypatch.setattr(kernels, "fastest", lambda _sample, rows, _kept=frozenset(): timed.append(rows) or "linear")
     assert set(kernels.measure(net, tmp_path)) == set(tables) and timed
     wrong = {name: ["int8"] * (len(ROWS) + 1) for name in tables}  # a kernel these dense layers do not have
     kept.write_text(json.dumps(wrong))
@@ -345,7 +345,7 @@ def test_a_process_times_its_kernels_only_when_no_other_is_timing_on_the_machine
     net = tiny_model(lm.load_tokenizer()).to(torch.float32)
     kernels.wrap(net)
     monkeypatch.setattr(
-        kernels, "fastest", lambda _sample, _rows, kept=frozenset(): "linear"
+        kernels, "fastest", lambda _sample, _rows, _kept=frozenset(): "linear"
     )  # the lock, not the timing
     done = threading.Event()
     with open(tmp_path / kernels.LOCK_FILE, "a+b") as other:
@@ -377,5 +377,5 @@ def test_a_copy_kept_for_some_row_counts_is_timed_again_at_the_plain_margin_wher
     assert table == ["mv", *["wxt"] * 5, "dnn", "dnn", "dnn", "dnn"]  # 2-32: "wxt" won at either margin
     assert [n for n, kept in calls if kept] == [2, 4, 8, 16, 32, kernels.PREFILL_ROWS]  # not 1: no candidate there
     calls.clear()
-    monkeypatch.setattr(kernels, "fastest", lambda _sample, rows, kept=frozenset(): calls.append(rows) or "linear")
+    monkeypatch.setattr(kernels, "fastest", lambda _sample, rows, _kept=frozenset(): calls.append(rows) or "linear")
     assert kernels.timed_table([chosen], ROWS) == ["linear"] * (len(ROWS) + 1) and len(calls) == len(ROWS) + 1
