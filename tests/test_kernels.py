@@ -33,6 +33,16 @@ def layer(dtype, bias=True):
     return torch.nn.Linear(96, 160, bias=bias).to(dtype)
 
 
+def even(sample, rows):
+    """A fake kernels.timings: every candidate as fast as `linear` (which then stays)."""
+    return dict.fromkeys(sample[0].candidates(rows), 1.0)
+
+
+def winning(winner):
+    """A fake kernels.timings where `winner(sample, rows)` takes half of the others' time."""
+    return lambda sample, rows: even(sample, rows) | {winner(sample, rows): 0.5}
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("name", sorted(kernels.KERNELS))
 def test_every_kernel_computes_the_linear_product_at_every_row_count(dtype, name):
@@ -109,11 +119,11 @@ def test_a_measured_model_keeps_its_tables_per_machine_and_reads_them_back(tmp_p
     def no_timing(*_):
         raise AssertionError("timed again although the tables were kept")
 
-    monkeypatch.setattr(kernels, "fastest", no_timing)
+    monkeypatch.setattr(kernels, "timings", no_timing)
     assert kernels.measure(net, tmp_path) == tables
     kept.write_text('{"not": "tables"}')  # a damaged file is timed again, not trusted
     timed = []
-    monkeypatch.setattr(kernels, "fastest", lambda _sample, rows, _kept=frozenset(): timed.append(rows) or "linear")
+    monkeypatch.setattr(kernels, "timings", lambda sample, rows: timed.append(rows) or even(sample, rows))
     assert set(kernels.measure(net, tmp_path)) == set(tables) and timed
     wrong = {name: ["int8"] * (len(ROWS) + 1) for name in tables}  # a kernel these dense layers do not have
     kept.write_text(json.dumps(wrong))
@@ -130,7 +140,7 @@ def test_the_tables_are_checked_in_the_whole_model_and_a_row_count_they_lose_at_
     row count goes back to `linear`, and the kept file says so; where they won, they stay."""
     net = tiny_model(lm.load_tokenizer()).to(torch.float32)
     kernels.wrap(net)
-    monkeypatch.setattr(kernels, "fastest", lambda _sample, rows: "wxt" if rows > 1 else "linear")
+    monkeypatch.setattr(kernels, "timings", winning(lambda _sample, rows: "wxt" if rows > 1 else "linear"))
     plain = kernels.KERNELS[slow]
 
     def slowed(layer, x):
@@ -164,7 +174,7 @@ def test_a_quantized_layer_times_its_own_kernel_too_and_never_runs_it_where_dens
     q = next(m for m in net.modules() if isinstance(m, quant.QuantLinear))
     dnn = ["dnn"] if q.blockable() else []
     assert q.candidates(1) == ["linear", "mv", "xwt", "int8"] and q.candidates(8) == ["linear", "wxt", *dnn, "int8"]
-    monkeypatch.setattr(kernels, "fastest", lambda sample, rows: "linear" if rows > 2 else sample[0].mode)
+    monkeypatch.setattr(kernels, "timings", winning(lambda sample, rows: "linear" if rows > 2 else sample[0].mode))
     kernels.measure(net)
     assert q.table[:3] == ["int8", "int8", "linear"] and q.pick(1) == "int8" and q.pick(64) == "linear"
 
@@ -344,9 +354,7 @@ def test_a_process_times_its_kernels_only_when_no_other_is_timing_on_the_machine
 
     net = tiny_model(lm.load_tokenizer()).to(torch.float32)
     kernels.wrap(net)
-    monkeypatch.setattr(
-        kernels, "fastest", lambda _sample, _rows, _kept=frozenset(): "linear"
-    )  # the lock, not the timing
+    monkeypatch.setattr(kernels, "timings", even)  # the lock, not the timing
     done = threading.Event()
     with open(tmp_path / kernels.LOCK_FILE, "a+b") as other:
         fcntl.flock(other, fcntl.LOCK_EX)
@@ -357,25 +365,27 @@ def test_a_process_times_its_kernels_only_when_no_other_is_timing_on_the_machine
     assert done.is_set() and len(list(tmp_path.glob("kernels-*.json"))) == 1
 
 
-def test_a_copy_kept_for_some_row_counts_is_timed_again_at_the_plain_margin_where_it_was_a_candidate(monkeypatch):
+def test_a_copy_kept_for_some_row_counts_wins_at_the_plain_margin_at_the_others_from_the_same_timings(monkeypatch):
     """The copy's margin pays for its memory once: a table that keeps the blocked copy for 64 rows
-    and up times the other counts where it was a candidate again without that margin; a table
-    with no copy is timed once."""
+    and up lets it win the prefills' band by the plain margin (95% of linear's time: not the copy's
+    90%), from the timings already taken (each row count timed once); without a copy, the plain
+    kernels as before."""
     chosen = ChosenLinear(layer(torch.bfloat16, bias=False))
     if not chosen.blockable():
         pytest.skip("this torch has no oneDNN")
     calls = []
 
-    def fake(_sample, rows, kept=frozenset()):
-        calls.append((rows, kept))
-        if rows == 1:
-            return "mv"
-        return "dnn" if rows >= 64 and (rows <= ROWS[-1] or "dnn" in kept) else "wxt"
+    def fake(sample, rows):
+        calls.append(rows)
+        times = even(sample, rows) | ({"mv": 0.5} if rows == 1 else {"wxt": 0.5, "dnn": 0.8})
+        if rows >= 64:
+            times |= {"wxt": 1.0, "dnn": 0.8 if rows <= ROWS[-1] else 0.95}
+        return times
 
-    monkeypatch.setattr(kernels, "fastest", fake)
+    monkeypatch.setattr(kernels, "timings", fake)
     table = kernels.timed_table([chosen], ROWS)
     assert table == ["mv", *["wxt"] * 5, "dnn", "dnn", "dnn", "dnn"]  # 2-32: "wxt" won at either margin
-    assert [n for n, kept in calls if kept] == [2, 4, 8, 16, 32, kernels.PREFILL_ROWS]  # not 1: no candidate there
+    assert calls == [*ROWS, kernels.PREFILL_ROWS]
     calls.clear()
-    monkeypatch.setattr(kernels, "fastest", lambda _sample, rows, _kept=frozenset(): calls.append(rows) or "linear")
+    monkeypatch.setattr(kernels, "timings", lambda sample, rows: calls.append(rows) or even(sample, rows))
     assert kernels.timed_table([chosen], ROWS) == ["linear"] * (len(ROWS) + 1) and len(calls) == len(ROWS) + 1

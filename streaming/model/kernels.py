@@ -293,22 +293,14 @@ def timing_alone(folder: Path | None) -> Any:
         try:
             import fcntl
 
-            if not try_lock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB):
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
                 log.info("another process is timing its kernels on this machine: waiting for it")
                 fcntl.flock(lock, fcntl.LOCK_EX)
         except (ImportError, OSError):  # no flock (Windows, some network file systems): time anyway
             pass
         yield  # the lock goes with the file's close
-
-
-def try_lock(lock: Any, flags: int) -> bool:
-    import fcntl
-
-    try:
-        fcntl.flock(lock, flags)
-    except BlockingIOError:
-        return False
-    return True
 
 
 def use(layers: list[ChosenLinear], table: list[str]) -> None:
@@ -438,32 +430,31 @@ def read_tables(
 
 
 def timed_table(sample: list[ChosenLinear], rows: tuple[int, ...]) -> list[str]:
-    """A shape's table: the fastest kernel at each row count, then the prefills'. A copy of the
-    weight that the table keeps for some row count costs no more memory at the others, so where
-    it was a candidate and lost only by the copy's margin, it is timed again at the plain one (on
-    the Xeon with AMX the blocked copy chosen from 64 rows lost the 512-row prefills' band by its
-    margin alone, and whole 512-token passes with it took 300 against 325 ms)."""
-    counts = (*rows, PREFILL_ROWS)
-    table = [fastest(sample, n) for n in counts]
-    copies = frozenset(k for k in table if k in COPYING)
-    return [
-        k if k in copies or not copies & set(sample[0].candidates(n)) else fastest(sample, n, copies)
-        for k, n in zip(table, counts, strict=True)
-    ]
+    """A shape's table: the fastest kernel at each row count, then the prefills', each count timed
+    once. A copy of the weight that the table keeps for some row count costs no more memory at the
+    others, so the same timings decide again with that copy at the plain margin (on the Xeon with
+    AMX the blocked copy chosen from 64 rows lost the 512-row prefills' band by its margin alone,
+    and whole 512-token passes with it took 300 against 325 ms)."""
+    timed = [timings(sample, n) for n in (*rows, PREFILL_ROWS)]
+    copies = frozenset(k for k in map(fastest, timed) if k in COPYING)
+    return [fastest(median, copies) for median in timed]
 
 
-def fastest(sample: list[ChosenLinear], rows: int, kept: frozenset[str] = frozenset()) -> str:
-    """The kernel to use at this many rows: `linear` unless another takes at most MARGIN of its
-    time (COPY_MARGIN for one that keeps a copy of the weight, unless the copy is `kept` anyway).
-    Each candidate runs over the whole sample once per round, the candidates in turn (so a slow
-    moment of the machine falls on all of them), ROUNDS rounds after one to warm up, and each is
-    judged by its median."""
+def timings(sample: list[ChosenLinear], rows: int) -> dict[str, float]:
+    """Each candidate kernel's median seconds at this many rows (`linear` first). Each runs over
+    the whole sample once per round, the candidates in turn (so a slow moment of the machine falls
+    on all of them), ROUNDS rounds after one to warm up."""
     first = sample[0]
     x = torch.randn(rows, first.in_features, dtype=first.weight.dtype, device=first.weight.device)
-    names = first.candidates(rows)
-    median = medians({name: functools.partial(run_all, sample, name, x) for name in names}, ROUNDS)
-    margin = {n: COPY_MARGIN if n in COPYING and n not in kept else MARGIN for n in names}
-    passing = [n for n in names if median[n] <= margin[n] * median["linear"]]
+    return medians({name: functools.partial(run_all, sample, name, x) for name in first.candidates(rows)}, ROUNDS)
+
+
+def fastest(median: dict[str, float], kept: frozenset[str] = frozenset()) -> str:
+    """The kernel to use, from its candidates' median times: `linear` unless another takes at most
+    MARGIN of its time (COPY_MARGIN for one that keeps a copy of the weight, unless the copy is
+    `kept` anyway)."""
+    margin = {n: COPY_MARGIN if n in COPYING and n not in kept else MARGIN for n in median}
+    passing = [n for n in median if median[n] <= margin[n] * median["linear"]]
     return min(passing, key=median.__getitem__) if passing else "linear"
 
 
@@ -474,7 +465,7 @@ def run_all(layers: list[ChosenLinear], name: str, x: torch.Tensor) -> None:
 
 def medians(runs: dict[K, Callable[[], Any]], rounds: int) -> dict[K, float]:
     """Each run's median seconds over `rounds` rounds after one to warm up, the runs in turn in
-    every round (so a slow moment of the machine falls on all of them): fastest(), check() and
+    every round (so a slow moment of the machine falls on all of them): timings(), check() and
     bench.py's profile time their candidates so."""
     times: dict[K, list[float]] = {k: [] for k in runs}
     for r in range(rounds + 1):
