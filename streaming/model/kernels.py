@@ -27,7 +27,7 @@ model's one-row step in bfloat16 from 92 to 63 ms, every layer choosing it. From
 where torch has oneDNN, `dnn` multiplies by a copy of the weight laid out once in oneDNN's
 blocked format (`linear` lays the plain weight out again at every call): on the Xeon with AMX it
 took a 64-row bfloat16 step from 140 to 110 ms. A copy that a table keeps for some row counts is
-timed again at the plain margin at the others (`timed_table`: its memory is paid once).
+judged at the plain margin at the others, from the same timings (`timed_table`: its memory is paid once).
 
 Then `check()` runs the whole model at each row count with the tables against `linear`
 everywhere and sets back to `linear` the row counts where the tables lost (a kernel that wins
