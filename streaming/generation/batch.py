@@ -13,6 +13,9 @@ it without a thread: rows admitted by hand, `step()` with a fake clock.
   Each token's keys and values go straight into its row's slot, and attention reads the slots
   (attention.py), so the rows that sit out cost nothing and the prompts that join ride in
   the decode's pass instead of a second one (Sarathi-Serve's chunked prefill, one weight read);
+- a prompt that shares a beginning with a row in the batch copies it from that row's slot (a
+  kept system prompt from the kept prefixes), computing only the rest; if the step computes that
+  beginning in the other's slot, it waits the step and copies it then (prefixes.py);
 - a prompt whose last piece is in gets its first token from that pass and joins the decoding rows;
 - each row samples with its own seeded draws, temperature and top_p (sampling.choose_batch), and
   its tokens go through its job's per-token routine (job.py).
@@ -34,7 +37,7 @@ from streaming.generation.job import Job
 from streaming.generation.kv import KV_MEMORY, Layout, SlotKV, token_bytes
 from streaming.generation.parts import StepParts
 from streaming.generation.policy import Fifo, Qoe, StepCosts, prefill_group, stretch
-from streaming.generation.prefixes import Prefixes
+from streaming.generation.prefixes import PREFIX_MIN, Prefixes, shared_beginning
 from streaming.generation.sampling import Draws, choose_batch
 from streaming.generation.waiting import WaitingRoom
 from streaming.model.loading import Model, forward_kwargs, step_kwargs
@@ -91,6 +94,7 @@ class Batch:
         self.parts = StepParts()
         self.costs = StepCosts()  # decode steps' seconds by rows run: the policy lets rows ride where free
         self.tokens = self.skipped = 0  # tokens sampled, row-steps sat out (written under the lock)
+        self.shared = 0  # prompt tokens copied from another row's slot instead of computed
 
     def __len__(self) -> int:
         """Requests that hold a place: in the batch or being prefilled."""
@@ -153,19 +157,34 @@ class Batch:
             self.compact()
 
     def to_prefill(self) -> int:
-        """Prompt tokens still to prefill: each joining prompt's rest, less a kept shared beginning
-        for those not started (which will copy it, not compute it)."""
+        """Prompt tokens still to prefill: each joining prompt's rest, less for those not started
+        what they will copy (a kept shared beginning, or one shared with a prompt ahead of them)."""
         total = 0
+        ahead = [(r, r.ids) for r in self.rows]
         for r in self.joining:
-            kept = self.prefixes.best(r.ids, len(r.ids) - 1) if r.slot is None else None
-            total += len(r.ids) - (len(kept) if kept is not None else r.filled)
+            if r.slot is None:
+                kept = self.prefixes.best(r.ids, len(r.ids) - 1)
+                n = len(kept) if kept is not None else 0
+                _, share = shared_beginning(r.ids, ahead, PREFIX_MIN + n)
+                total += len(r.ids) - max(n, share)
+            else:
+                total += len(r.ids) - r.filled
+            ahead.append((r, r.ids))
         return total
+
+    def donor(self, row: Row) -> tuple[Row | None, int]:
+        """The row in a slot whose prompt shares the longest beginning with this one's, at least
+        PREFIX_MIN tokens past a kept prefix, and how long it is (None, 0: none)."""
+        kept = self.prefixes.best(row.ids, len(row.ids) - 1)
+        holders = [(r, r.ids) for r in (*self.rows, *self.joining) if r.slot is not None]
+        return shared_beginning(row.ids, holders, PREFIX_MIN + (len(kept) if kept is not None else 0))
 
     def pieces(self, budget: int) -> list[tuple[Row, int]]:
         """The prompt tokens that join this step, in order, at most `budget` (a prompt longer
         than the chunk at most a chunk of it): (row, tokens) each. A prompt starting now takes a
-        slot, after a kept shared beginning if it has one (learned from the prompts starting
-        together)."""
+        slot, after the beginning it shares with a row in the batch (copied from its slot) or a
+        kept shared beginning (learned from the prompts starting together). One whose shared
+        beginning the step itself computes, in another's slot, waits a step to copy it."""
         fresh = [r for r in self.joining if r.slot is None]
         if fresh:
             self.kv.fit(len(self.kv) + len(fresh), 1)  # every newcomer's slot at once: one copy, not one a step
@@ -173,13 +192,24 @@ class Batch:
             with self.parts.timed("prefill"):  # rare: a new shared beginning's own pass
                 self.prefixes.learn(self.model.net, [r.ids for r in group], forward_kwargs)
         out: list[tuple[Row, int]] = []
+        filling: dict[int, int] = {}  # id of a row in this step: its prompt tokens in its slot after it
         left = budget
         for row in self.joining:
             if left <= 0:
                 break
             if row.slot is None:
+                donor, share = self.donor(row)
+                if donor is not None and donor.filled < share:
+                    if filling.get(id(donor), 0) >= share:
+                        continue  # computed in this step, in the donor's slot: copied at the next
+                    donor = None  # not in its slot soon enough: computed here too
                 self.kv.take(row)
-                if (kept := self.prefixes.lookup(row.ids)) is not None:
+                if donor is not None:
+                    assert row.slot is not None and donor.slot is not None
+                    self.kv.copy(donor.slot, row.slot, share)
+                    row.filled = row.length = share
+                    self.shared += share
+                elif (kept := self.prefixes.lookup(row.ids)) is not None:
                     n, layers = kept
                     assert row.slot is not None
                     self.kv.put(row.slot, layers, n)
@@ -187,6 +217,7 @@ class Batch:
             rest = len(row.ids) - row.filled
             n = min(rest, left, self.chunk if len(row.ids) > self.chunk else rest)
             out.append((row, n))
+            filling[id(row)] = row.filled + n
             left -= n
         return out
 

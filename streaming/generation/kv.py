@@ -100,6 +100,12 @@ class SlotKV:
             keys[slot, :, :n] = k[0, :, :n]
             values[slot, :, :n] = v[0, :, :n]
 
+    def copy(self, source: int, slot: int, n: int) -> None:
+        """Copy the first n keys and values of one slot into another (a prompt beginning shared
+        with a row in the batch: prefixes.shared_beginning)."""
+        for store in (*self.keys.values(), *self.values.values()):
+            store[slot, :, :n] = store[source, :, :n]
+
     # --- memory --------------------------------------------------------------------------------
 
     def fit(self, slots: int, room: int) -> None:

@@ -1,0 +1,148 @@
+"""Prompt beginnings shared with a row in the batch (prefixes.shared_beginning, batch.py): found
+exactly (fuzzed against the plain definition), copied from the donor's slot instead of computed,
+a duplicate in the same step waiting one step for its donor's keys, and every text still that of
+the request alone: with the `exact` model in both dtypes, and the tiny real model in float32.
+
+Leaves out: speed (scripts/bench.py qoe: the burst of 48's first text)."""
+
+import asyncio
+
+import pytest
+import torch
+from helpers import model_of
+from hypothesis import given
+from hypothesis import strategies as st
+from test_schedule import DTYPES, Clock, drain
+
+import lm
+from streaming.generation.batch import Row
+from streaming.generation.batched import BatchedJob, BatchEngine
+from streaming.generation.policy import Fifo
+from streaming.generation.prefixes import PREFIX_MIN, shared_beginning
+from streaming.generation.thread import ThreadJob
+from streaming.model.testing import ExactModel, tiny_model
+from streaming.wire.params import plain_request
+
+SYSTEM = "You are a careful assistant. You answer briefly and exactly, in plain words, and you never guess. "
+QUESTIONS = [
+    "Tell me, in a few short sentences, how a lighthouse keeper spent the long winter nights alone.",
+    "Explain why the sky looks blue at noon and red at sunset, as you would to a curious child.",
+    "Write a short poem about a cat that watches the rain from a kitchen window all afternoon.",
+]
+
+
+def naive(ids, others, at_least):
+    best, most = None, 0
+    for key, other in others:
+        n = 0
+        while n < min(len(ids) - 1, len(other)) and ids[n] == other[n]:
+            n += 1
+        if n >= max(1, at_least) and n > most:
+            best, most = key, n
+    return best, most
+
+
+def test_shared_beginning_is_the_longest_and_leaves_the_prompt_its_last_token():
+    ids = [1, 2, 3, 4, 5, 6]
+    others = [("a", [1, 2, 9]), ("b", [1, 2, 3, 4, 5, 6, 7]), ("c", [1, 2, 3, 4, 8])]
+    assert shared_beginning(ids, others, 2) == ("b", 5)  # all but the last token
+    assert shared_beginning(ids, others[:1], 2) == ("a", 2)
+    assert shared_beginning(ids, others[:1], 3) == (None, 0)  # too short to be worth it
+    assert shared_beginning(ids, [], 1) == (None, 0)
+
+
+@given(
+    st.lists(st.integers(0, 3), min_size=1, max_size=30),
+    st.lists(st.lists(st.integers(0, 3), max_size=30), max_size=6),
+    st.integers(0, 8),
+)
+def test_shared_beginning_fuzzed_against_the_plain_definition(ids, others, at_least):
+    keyed = list(enumerate(others))
+    best, n = shared_beginning(ids, keyed, at_least)
+    want_best, want_n = naive(ids, keyed, at_least)
+    assert n == want_n
+    if best is not None:  # ties: any of the longest
+        assert others[best][:n] == ids[:n] and n >= max(1, at_least)
+    else:
+        assert want_best is None
+
+
+def params(i, n):
+    body = {"prompt": "x", "max_tokens": n, "seed": i, "temperature": 0 if i % 2 else 1.0}
+    return plain_request(body).params
+
+
+def prompts():
+    return [lm.tok(SYSTEM + q).input_ids for q in QUESTIONS]
+
+
+def engine(net, tokens, order, late=()):
+    """Requests for the prompts at `order` (indices of prompts()) queued at once, those at the
+    indices in `late` admitted after the others have their first token; stepped by hand."""
+    clock = Clock()
+    e = BatchEngine(max_batch=16, model=net, policy=Fifo(10_000), clock=clock)
+    ps = prompts()
+    steps_to_first = {}
+
+    async def run():
+        jobs = [BatchedJob(e, ps[k], params(i, tokens)) for i, k in enumerate(order)]
+        for i, job in enumerate(jobs):
+            job.stats.active.add(job)
+            if i not in late:
+                e.waiting.append(Row(job, clock()))
+        e.batch.admit(e.max_batch)
+        steps = 0
+        with torch.inference_mode():
+            while e.batch.rows or e.batch.joining:
+                e.batch.step()
+                steps += 1
+                clock.now += 0.2
+                for i, job in enumerate(jobs):
+                    if job.produced and i not in steps_to_first:
+                        steps_to_first[i] = steps
+                if steps == 2 and late:
+                    for i in late:
+                        e.waiting.append(Row(jobs[i], clock()))
+                    e.batch.admit(e.max_batch)
+        return [await drain(j) for j in jobs]
+
+    return e, asyncio.run(run()), steps_to_first
+
+
+def each_alone(net, tokens, order):
+    ps = prompts()
+
+    async def run():
+        return [await drain(ThreadJob(ps[k], params(i, tokens), model=net).start()) for i, k in enumerate(order)]
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_a_duplicate_waits_one_step_copies_its_donors_prompt_and_keeps_its_own_text(dtype):
+    net = model_of(ExactModel(lm.load_tokenizer()).to(dtype))
+    order = [0, 1, 0, 2, 1, 0]
+    e, texts, first = engine(net, 10, order)
+    ps = prompts()
+    # each prompt computed once: the three repeats copy all of it but their last token
+    assert e.batch.shared == sum(len(ps[k]) - 1 for k in (0, 1, 0))
+    assert [first[i] for i in range(len(order))] == [1, 1, 2, 1, 2, 2]  # a repeat: one step after its donor
+    assert texts == each_alone(net, 10, order)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_a_prompt_arriving_while_its_twin_decodes_copies_at_once_and_keeps_its_own_text(dtype):
+    net = model_of(ExactModel(lm.load_tokenizer()).to(dtype))
+    order = [0, 1, 0]
+    e, texts, first = engine(net, 10, order, late=(2,))
+    assert e.batch.shared == len(prompts()[0]) - 1
+    assert first[2] == 3  # admitted after step 2, first token from step 3: no wait for a donor
+    assert texts == each_alone(net, 10, order)
+
+
+def test_a_copied_beginning_in_the_tiny_real_model_gives_the_text_alone_in_float32():
+    net = model_of(tiny_model(lm.load_tokenizer()).to(torch.float32))
+    order = [0, 2, 0, 2]
+    e, texts, _ = engine(net, 12, order)
+    assert e.batch.shared >= 2 * PREFIX_MIN
+    assert texts == each_alone(net, 12, order)
