@@ -1,4 +1,4 @@
-"""Prompt beginnings shared with a row in the batch (prefixes.shared_beginning, batch.py): found
+"""Prompt beginnings shared with a row in the batch (sharing.py): found
 exactly (fuzzed against the plain definition), copied from the donor's slot instead of computed,
 a duplicate in the same step waiting one step for its donor's keys, and every text still that of
 the request alone: with the `exact` model in both dtypes, and the tiny real model in float32.
@@ -18,7 +18,8 @@ import lm
 from streaming.generation.batch import Row
 from streaming.generation.batched import BatchedJob, BatchEngine
 from streaming.generation.policy import Fifo
-from streaming.generation.prefixes import PREFIX_MIN, shared_beginning
+from streaming.generation.prefixes import PREFIX_MIN, common_prefix
+from streaming.generation.sharing import shared_beginning, to_prefill
 from streaming.generation.thread import ThreadJob
 from streaming.model.testing import ExactModel, tiny_model
 from streaming.wire.params import plain_request
@@ -73,19 +74,22 @@ def params(i, n):
 
 
 def prompts():
-    return [lm.tok(SYSTEM + q).input_ids for q in QUESTIONS]
+    long = " ".join(QUESTIONS * 4)  # past the engine's prefill chunk (128 tokens): joins a chunk a step
+    return [lm.tok(SYSTEM + q).input_ids for q in [*QUESTIONS, long]]
 
 
 def engine(net, tokens, order, late=()):
     """Requests for the prompts at `order` (indices of prompts()) queued at once, those at the
-    indices in `late` admitted after the others have their first token; stepped by hand."""
+    indices in `late` admitted after the others have their first token; stepped by hand. `tokens`:
+    each answer's length, or one for all."""
     clock = Clock()
     e = BatchEngine(max_batch=16, model=net, policy=Fifo(10_000), clock=clock)
     ps = prompts()
+    lengths = tokens if isinstance(tokens, list) else [tokens] * len(order)
     steps_to_first = {}
 
     async def run():
-        jobs = [BatchedJob(e, ps[k], params(i, tokens)) for i, k in enumerate(order)]
+        jobs = [BatchedJob(e, ps[k], params(i, lengths[i])) for i, k in enumerate(order)]
         for i, job in enumerate(jobs):
             job.stats.active.add(job)
             if i not in late:
@@ -111,9 +115,10 @@ def engine(net, tokens, order, late=()):
 
 def each_alone(net, tokens, order):
     ps = prompts()
+    lengths = tokens if isinstance(tokens, list) else [tokens] * len(order)
 
     async def run():
-        return [await drain(ThreadJob(ps[k], params(i, tokens), model=net).start()) for i, k in enumerate(order)]
+        return [await drain(ThreadJob(ps[k], params(i, lengths[i]), model=net).start()) for i, k in enumerate(order)]
 
     return asyncio.run(run())
 
@@ -138,6 +143,55 @@ def test_a_prompt_arriving_while_its_twin_decodes_copies_at_once_and_keeps_its_o
     assert e.batch.shared == len(prompts()[0]) - 1
     assert first[2] == 3  # admitted after step 2, first token from step 3: no wait for a donor
     assert texts == each_alone(net, 10, order)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_repeats_of_one_prompt_copy_it_and_learn_no_prefix_of_their_own(dtype):
+    net = model_of(ExactModel(lm.load_tokenizer()).to(dtype))
+    order = [0, 1, 0, 0]
+    e, texts, first = engine(net, 10, order)
+    assert e.batch.shared == 2 * (len(prompts()[0]) - 1)  # not a kept prefix learned from the two repeats
+    assert len(e.batch.prefixes.known) == 1  # the system prompt, from the first step's two prompts
+    assert [first[i] for i in range(4)] == [1, 1, 2, 2]
+    assert texts == each_alone(net, 10, order)
+
+
+def test_a_donor_that_ends_at_its_first_token_leaves_its_beginning_to_its_repeats():
+    net = model_of(ExactModel(lm.load_tokenizer()).to(torch.float32))
+    order = [0, 0, 0]
+    e, texts, first = engine(net, [1, 10, 10], order)
+    assert e.batch.shared == 2 * (len(prompts()[0]) - 1)
+    assert [first[i] for i in range(3)] == [1, 2, 2]
+    assert texts == each_alone(net, [1, 10, 10], order)
+
+
+def test_a_repeat_of_a_long_prompt_waits_for_its_chunks_and_copies_it_whole():
+    net = model_of(ExactModel(lm.load_tokenizer()).to(torch.float32))
+    order = [3, 3]
+    long = len(prompts()[3])
+    assert long > 2 * 128
+    e, texts, first = engine(net, 6, order)
+    assert e.batch.shared == long - 1
+    chunks = -(-long // 128)
+    assert [first[0], first[1]] == [chunks, chunks + 1]
+    assert texts == each_alone(net, 6, order)
+
+
+def test_what_waits_to_prefill_counts_a_repeat_once():
+    net = model_of(ExactModel(lm.load_tokenizer()).to(torch.float32))
+    clock = Clock()
+    e = BatchEngine(max_batch=16, model=net, policy=Fifo(10_000), clock=clock)
+    ps = prompts()
+
+    async def run():
+        for i, k in enumerate([0, 1, 0, 0]):
+            e.waiting.append(Row(BatchedJob(e, ps[k], params(i, 4)), clock()))
+        e.batch.admit(e.max_batch)
+        return to_prefill(e.batch.joining, e.batch.holders(), e.batch.prefixes)
+
+    system = len(common_prefix(ps[:2]))  # no prefix kept yet: the second copies the first's system prompt
+    assert system >= PREFIX_MIN
+    assert asyncio.run(run()) == len(ps[0]) + len(ps[1]) - system + 2  # each repeat: its last token
 
 
 def test_a_copied_beginning_in_the_tiny_real_model_gives_the_text_alone_in_float32():

@@ -32,12 +32,12 @@ from typing import Any
 
 import torch
 
-from streaming.generation import attention
+from streaming.generation import attention, sharing
 from streaming.generation.job import Job
 from streaming.generation.kv import KV_MEMORY, Layout, SlotKV, token_bytes
 from streaming.generation.parts import StepParts
 from streaming.generation.policy import Fifo, Qoe, StepCosts, prefill_group, stretch
-from streaming.generation.prefixes import PREFIX_MIN, Prefixes, shared_beginning
+from streaming.generation.prefixes import Prefixes
 from streaming.generation.sampling import Draws, choose_batch
 from streaming.generation.waiting import WaitingRoom
 from streaming.model.loading import Model, forward_kwargs, step_kwargs
@@ -130,7 +130,7 @@ class Batch:
         """The stop flags, then one pass: the rows the policy runs and the prompts that join (a
         row whose prompt is all in has its first token from this pass)."""
         self.drop_stopped()
-        waiting = self.to_prefill() if self.joining else 0
+        waiting = sharing.to_prefill(self.joining, self.holders(), self.prefixes) if self.joining else 0
         first = self.joining[0].created if self.joining else None
         plan = self.policy.plan(self.rows, self.clock(), first, self.costs, waiting)
         run = sorted((self.rows[i] for i in plan.run), key=lambda r: r.slot or 0)  # in slot order
@@ -156,70 +156,43 @@ class Batch:
                     self.end(row, "stopped")
             self.compact()
 
-    def to_prefill(self) -> int:
-        """Prompt tokens still to prefill: each joining prompt's rest, less for those not started
-        what they will copy (a kept shared beginning, or one shared with a prompt ahead of them)."""
-        total = 0
-        ahead = [(r, r.ids) for r in self.rows]
-        for r in self.joining:
-            if r.slot is None:
-                kept = self.prefixes.best(r.ids, len(r.ids) - 1)
-                n = len(kept) if kept is not None else 0
-                _, share = shared_beginning(r.ids, ahead, PREFIX_MIN + n)
-                total += len(r.ids) - max(n, share)
-            else:
-                total += len(r.ids) - r.filled
-            ahead.append((r, r.ids))
-        return total
-
-    def donor(self, row: Row) -> tuple[Row | None, int]:
-        """The row in a slot whose prompt shares the longest beginning with this one's, at least
-        PREFIX_MIN tokens past a kept prefix, and how long it is (None, 0: none)."""
-        kept = self.prefixes.best(row.ids, len(row.ids) - 1)
-        holders = [(r, r.ids) for r in (*self.rows, *self.joining) if r.slot is not None]
-        return shared_beginning(row.ids, holders, PREFIX_MIN + (len(kept) if kept is not None else 0))
+    def holders(self) -> list[Row]:
+        """The rows with a slot (whose prompt's keys a joining prompt may copy)."""
+        return [r for r in (*self.rows, *self.joining) if r.slot is not None]
 
     def pieces(self, budget: int) -> list[tuple[Row, int]]:
         """The prompt tokens that join this step, in order, at most `budget` (a prompt longer
         than the chunk at most a chunk of it): (row, tokens) each. A prompt starting now takes a
         slot, after the beginning it shares with a row in the batch (copied from its slot) or a
         kept shared beginning (learned from the prompts starting together). One whose shared
-        beginning the step itself computes, in another's slot, waits a step to copy it."""
+        beginning is still being computed in the other's slot waits for it, then copies it."""
         fresh = [r for r in self.joining if r.slot is None]
         if fresh:
             self.kv.fit(len(self.kv) + len(fresh), 1)  # every newcomer's slot at once: one copy, not one a step
-            group = fresh[: prefill_group([len(r.ids) for r in fresh], budget, self.chunk)]
+            distinct = list({tuple(r.ids): r for r in fresh}.values())  # repeats copy their twin instead
+            group = distinct[: prefill_group([len(r.ids) for r in distinct], budget, self.chunk)]
             with self.parts.timed("prefill"):  # rare: a new shared beginning's own pass
                 self.prefixes.learn(self.model.net, [r.ids for r in group], forward_kwargs)
         out: list[tuple[Row, int]] = []
-        filling: dict[int, int] = {}  # id of a row in this step: its prompt tokens in its slot after it
         left = budget
         for row in self.joining:
             if left <= 0:
                 break
             if row.slot is None:
-                donor, share = self.donor(row)
+                donor, share, _ = sharing.beginning(row, self.holders(), self.prefixes)
                 if donor is not None and donor.filled < share:
-                    if filling.get(id(donor), 0) >= share:
-                        continue  # computed in this step, in the donor's slot: copied at the next
-                    donor = None  # not in its slot soon enough: computed here too
-                self.kv.take(row)
-                if donor is not None:
-                    assert row.slot is not None and donor.slot is not None
-                    self.kv.copy(donor.slot, row.slot, share)
-                    row.filled = row.length = share
-                    self.shared += share
-                elif (kept := self.prefixes.lookup(row.ids)) is not None:
-                    n, layers = kept
-                    assert row.slot is not None
-                    self.kv.put(row.slot, layers, n)
-                    row.filled = row.length = n
+                    continue  # being computed in the donor's slot (this step or its next chunks): copied then
+                self.start(row, donor, share)
             rest = len(row.ids) - row.filled
             n = min(rest, left, self.chunk if len(row.ids) > self.chunk else rest)
             out.append((row, n))
-            filling[id(row)] = row.filled + n
             left -= n
         return out
+
+    def start(self, row: Row, donor: Row | None, share: int) -> None:
+        copied = sharing.start(row, donor, share, self.kv, self.prefixes)
+        with self.lock:
+            self.shared += copied
 
     def forward(self, run: list[Row], pieces: list[tuple[Row, int]]) -> None:
         """One forward pass: a token for each row in `run`, the prompt pieces after them."""
@@ -296,6 +269,10 @@ class Batch:
         with self.lock:
             self.waiting.left(self.clock(), len(gone))  # places freed
         with self.parts.timed("kv"):
+            if gone and self.joining:  # prompts waiting on a row that leaves copy from it first
+                copied = sharing.inherit(gone, self.joining, self.holders(), self.kv, self.prefixes)
+                with self.lock:
+                    self.shared += copied
             for r in gone:
                 self.kv.release(r)
         self.rows = [r for r in self.rows if not r.done]

@@ -6,21 +6,16 @@ when two or more prompts starting together share it, and copies them into the sl
 prompt that begins with it (kv.SlotKV.put), so a burst's prefill skips them. At most PREFIXES are
 kept, the latest used last; a beginning shorter than PREFIX_MIN is not worth keeping.
 
-And a prompt that shares a longer beginning with a prompt already in the batch (the same question
-asked twice, or one conversation's earlier turns) copies that row's keys and values instead of
-computing them (`shared_beginning`, batch.py): a burst of 48 chat prompts drawn from prompts.json's
-20 had ~2,300 prompt tokens to compute, ~900 of them distinct, what vLLM's automatic prefix cache
-and SGLang's RadixAttention skip.
+A longer beginning shared with a prompt in the batch is copied from that row's slot (sharing.py).
 
-Leaves out: a radix tree of every prompt's blocks (SGLang's RadixAttention): a beginning is shared
-only with the prompts in the batch now (a row that has left takes its keys with it) and the kept
-beginnings learned from prompts that start together.
+Leaves out: a radix tree of every prompt's blocks (SGLang's RadixAttention): only whole shared
+beginnings of prompts that start together are learned.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -28,7 +23,6 @@ PREFIX_MIN = 16  # shared prompt tokens worth keeping a KV copy of (the bundled 
 PREFIXES = 8  # shared prefixes kept: a server sees few system prompts
 
 Layers = list[tuple[torch.Tensor, torch.Tensor]]  # each layer's (keys, values), (1, heads, n, dim)
-T = TypeVar("T")
 
 
 class Prefixes:
@@ -75,25 +69,3 @@ def common_prefix(prompts: list[list[int]]) -> list[int]:
     while n < len(first) and all(len(p) > n and p[n] == first[n] for p in prompts):
         n += 1
     return first[:n]
-
-
-def shared_beginning(ids: list[int], others: Iterable[tuple[T, list[int]]], at_least: int) -> tuple[T | None, int]:
-    """The other prompt that shares the longest beginning with `ids`, and how long it is: at most
-    all of `ids` but its last token (which the prompt computes for its own logits), and at least
-    `at_least` tokens, else (None, 0). Slices compared in C, the length found by halving: a burst
-    of 48 prompts against 48 others costs about a millisecond."""
-    best, most = None, max(1, at_least) - 1
-    limit = len(ids) - 1
-    for key, other in others:
-        hi = min(limit, len(other))
-        if hi <= most or other[: most + 1] != ids[: most + 1]:
-            continue
-        lo = most + 1  # shared so far; the longest shared is in lo..hi
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if other[:mid] == ids[:mid]:
-                lo = mid
-            else:
-                hi = mid - 1
-        best, most = key, lo
-    return best, (most if best is not None else 0)
