@@ -13,7 +13,9 @@ of them distinct.
 
 Plain functions over token ids, rows (anything with ids, a slot and its fill), the slots and the
 kept prefixes: no threads, no model (batch.py calls them; the tests drive them directly).
-Leaves out: a row that has left takes its keys with it (no cache of finished prompts' blocks).
+Leaves out: a row that has left takes its keys with it (no cache of finished prompts' blocks);
+and isolation between tenants (vLLM's `cache_salt`): a client can tell from a sooner first text
+that someone asked the same beginning at the same time, as with any shared prefix cache.
 """
 
 from __future__ import annotations
