@@ -14,8 +14,8 @@ it without a thread: rows admitted by hand, `step()` with a fake clock.
   (attention.py), so the rows that sit out cost nothing and the prompts that join ride in
   the decode's pass instead of a second one (Sarathi-Serve's chunked prefill, one weight read);
 - a prompt that shares a beginning with a row in the batch copies it from that row's slot (a
-  kept system prompt from the kept prefixes), computing only the rest; if the step computes that
-  beginning in the other's slot, it waits the step and copies it then (prefixes.py);
+  kept system prompt from the kept prefixes), computing only the rest; if that beginning is
+  still being computed in the other's slot, it waits and copies it then (sharing.py);
 - a prompt whose last piece is in gets its first token from that pass and joins the decoding rows;
 - each row samples with its own seeded draws, temperature and top_p (sampling.choose_batch), and
   its tokens go through its job's per-token routine (job.py).
@@ -157,8 +157,9 @@ class Batch:
             self.compact()
 
     def holders(self) -> list[Row]:
-        """The rows with a slot (whose prompt's keys a joining prompt may copy)."""
-        return [r for r in (*self.rows, *self.joining) if r.slot is not None]
+        """The rows with a slot (whose prompt's keys a joining prompt may copy), the most filled
+        first: of two that share as much, the one whose keys are in is chosen."""
+        return sorted((r for r in (*self.rows, *self.joining) if r.slot is not None), key=lambda r: -r.filled)
 
     def pieces(self, budget: int) -> list[tuple[Row, int]]:
         """The prompt tokens that join this step, in order, at most `budget` (a prompt longer

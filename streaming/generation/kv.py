@@ -102,7 +102,7 @@ class SlotKV:
 
     def copy(self, source: int, slot: int, n: int) -> None:
         """Copy the first n keys and values of one slot into another (a prompt beginning shared
-        with a row in the batch: prefixes.shared_beginning)."""
+        with a row in the batch: sharing.py)."""
         for store in (*self.keys.values(), *self.values.values()):
             store[slot, :, :n] = store[source, :, :n]
 
