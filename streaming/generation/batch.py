@@ -271,9 +271,8 @@ class Batch:
             self.waiting.left(self.clock(), len(gone))  # places freed
         with self.parts.timed("kv"):
             if gone and self.joining:  # prompts waiting on a row that leaves copy from it first
-                copied = sharing.inherit(gone, self.joining, self.holders(), self.kv, self.prefixes)
-                with self.lock:
-                    self.shared += copied
+                for row, donor, share in sharing.inherit(gone, self.joining, self.holders(), self.prefixes):
+                    self.start(row, donor, share)
             for r in gone:
                 self.kv.release(r)
         self.rows = [r for r in self.rows if not r.done]

@@ -79,8 +79,7 @@ class SlotKV:
         owner.slot = None
         if last is not owner:
             assert i is not None and last.slot is not None
-            for store in (*self.keys.values(), *self.values.values()):
-                store[i, :, : last.length] = store[last.slot, :, : last.length]
+            self.copy(last.slot, i, last.length)
             self.owners[i], last.slot = last, i
         if not self.owners:  # an empty batch holds nothing
             self.keys, self.values = {}, {}
@@ -101,8 +100,8 @@ class SlotKV:
             values[slot, :, :n] = v[0, :, :n]
 
     def copy(self, source: int, slot: int, n: int) -> None:
-        """Copy the first n keys and values of one slot into another (a prompt beginning shared
-        with a row in the batch: sharing.py)."""
+        """Copy the first n keys and values of one slot into another (a row moving into a freed
+        slot; a prompt beginning shared with a row in the batch: sharing.py)."""
         for store in (*self.keys.values(), *self.values.values()):
             store[slot, :, :n] = store[source, :, :n]
 

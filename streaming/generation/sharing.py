@@ -20,7 +20,7 @@ that someone asked the same beginning at the same time, as with any shared prefi
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Protocol, TypeVar
 
 from streaming.generation.kv import SlotKV
@@ -103,12 +103,11 @@ def start(row: Joiner, donor: Joiner | None, share: int, kv: SlotKV, prefixes: P
     return 0
 
 
-def inherit(gone: list[R], waiting: Iterable[R], holders: list[R], kv: SlotKV, prefixes: Prefixes) -> int:
-    """Before rows leave, the prompts not started whose best donor is one of them take their
-    beginning from it (a donor whose answer ended at its first token). Returns tokens copied."""
-    copied = 0
+def inherit(gone: list[R], waiting: Iterable[R], holders: list[R], prefixes: Prefixes) -> Iterator[tuple[R, R, int]]:
+    """Before rows leave: each prompt not started whose best donor is one of them, with that donor
+    and the share to take from it (a donor whose answer ended at its first token), for the caller
+    to `start` before the slots go."""
     for row in [r for r in waiting if r.slot is None]:
         donor, share, _ = beginning(row, holders, prefixes)
         if donor is not None and any(donor is r for r in gone) and donor.filled >= share:
-            copied += start(row, donor, share, kv, prefixes)
-    return copied
+            yield row, donor, share

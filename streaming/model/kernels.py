@@ -184,7 +184,9 @@ class ChosenLinear(torch.nn.Module):
         piece.weight = torch.nn.Parameter(self.weight.detach()[:n], requires_grad=False)
         if self.bias is not None:
             piece.bias = torch.nn.Parameter(self.bias.detach()[:n], requires_grad=False)
-        piece.out_features, piece.copy, piece.wide, piece.blocks = n, None, None, None
+        piece.out_features = n
+        for attribute, _ in WEIGHT_COPIES.values():
+            setattr(piece, attribute, None)
         return piece
 
     def transposed(self) -> torch.Tensor:
@@ -219,6 +221,14 @@ class ChosenLinear(torch.nn.Module):
     def shape(self) -> tuple[Any, ...]:
         """Layers of one shape share a table: timed once."""
         return (type(self).__name__, self.out_features, self.in_features, self.weight.dtype, self.bias is not None)
+
+
+# The kernels that run from a copy of the weight: the layer's attribute that holds it, and what makes it.
+WEIGHT_COPIES: dict[str, tuple[str, Callable[[ChosenLinear], torch.Tensor]]] = {
+    "xwt": ("copy", ChosenLinear.transposed),
+    "dnn": ("blocks", ChosenLinear.blocked_weight),
+    "f32": ("wide", ChosenLinear.widened),
+}
 
 
 def wrap(model: torch.nn.Module, make: Callable[[torch.nn.Linear], ChosenLinear | None] = ChosenLinear) -> None:
@@ -308,18 +318,11 @@ def use(layers: list[ChosenLinear], table: list[str]) -> None:
     weight copies it needs, made now rather than in the first request's step; no others."""
     for layer in layers:
         layer.table, layer.prefill = list(table[:-1]), table[-1]
-        if "xwt" in table:
-            layer.transposed()
-        else:
-            layer.copy = None  # the timings' copy goes: no call will read it
-        if "dnn" in table:
-            layer.blocked_weight()
-        else:
-            layer.blocks = None
-        if "f32" in table:
-            layer.widened()
-        else:
-            layer.wide = None
+        for kernel, (attribute, make) in WEIGHT_COPIES.items():
+            if kernel in table:
+                make(layer)
+            else:
+                setattr(layer, attribute, None)  # the timings' copy goes: no call will read it
 
 
 def check(layers: list[ChosenLinear], step: Callable[[int], Any], rows: tuple[int, ...] = ROWS) -> list[int]:
