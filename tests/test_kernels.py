@@ -48,6 +48,8 @@ def winning(winner):
 def test_every_kernel_computes_the_linear_product_at_every_row_count(dtype, name):
     plain = layer(dtype)
     chosen = ChosenLinear(plain)
+    if name == "dnn" and not chosen.blockable():
+        pytest.skip(f"oneDNN lays out no {dtype} weight on this CPU (AVX2 only): never a candidate here")
     for rows in (1, 2, 3, 4, 7, 16, 33, 64, 100):
         x = torch.randn(rows, 96).to(dtype)
         with torch.inference_mode():
@@ -150,9 +152,10 @@ def test_the_tables_are_checked_in_the_whole_model_and_a_row_count_they_lose_at_
     monkeypatch.setitem(kernels.KERNELS, slow, slowed)
     passes = []
     tables = kernels.measure(net, tmp_path, step=lambda n: passes.append(n) or whole_pass(net, n))
-    # (where `linear` is the slow one, past 64 rows the tiny model's `wxt` loses anyway: its output
-    # layer's 151,936-wide rows copied into place cost more than the sleeps)
-    n = len(ROWS) + 1 if slow == "wxt" else ROWS.index(64) + 1
+    # (where `linear` is the slow one, from 64 rows the tiny model's `wxt` may lose anyway: its output
+    # layer's 151,936-wide rows copied into place cost about as much as the sleeps on the AVX-512 kind
+    # (a coin toss there) and more on the AVX2 one, so only the row counts up to 32 are judged)
+    n = len(ROWS) + 1 if slow == "wxt" else ROWS.index(32) + 1
     want = ["linear"] * n if slow == "wxt" else ["linear"] + ["wxt"] * (n - 1)
     assert all(t[:n] == want for t in tables.values()), tables
     assert all((m.table + [m.prefill])[:n] == want for m in net.modules() if isinstance(m, ChosenLinear))
@@ -302,9 +305,12 @@ def test_the_w8a8_product_is_each_rows_own_whatever_else_is_in_the_batch(dtype):
         want = plain(x)
         assert together.dtype == dtype and torch.equal(together, alone)
         assert torch.equal(q.run("w8a8", x[2:5]), together[2:5])
-        for i in range(len(x)):  # 8 bits a row and a column: ~1% of the row's largest output
+        # 8 bits a row and a column: ~1% of the row's largest output; without VNNI the rows get 7
+        # bits (quant.vnni()), twice the rounding (seen 4.1% on an AVX2 EPYC)
+        bound = 3e-2 if quant.vnni() else 6e-2
+        for i in range(len(x)):
             err = float((together[i] - want[i]).float().abs().max())
-            assert err <= 3e-2 * float(want[i].float().abs().max()) + 1e-3, i
+            assert err <= bound * float(want[i].float().abs().max()) + 1e-3, i
         piece = q.part(40)
         assert piece is not None and torch.equal(piece.run("w8a8", x), together[:, :40])
     with pytest.raises(ValueError, match="smoothing factors"):
@@ -332,7 +338,9 @@ def test_the_blocked_copy_is_made_only_for_a_table_that_names_it_and_runs_the_sa
     layer (the output layer timed by its first rows) gets none of the whole's."""
     chosen = ChosenLinear(layer(torch.bfloat16, bias=True))
     if not chosen.blockable():
-        pytest.skip("this torch has no oneDNN")
+        pytest.skip(
+            "no oneDNN blocked product for this weight here (no oneDNN, or a bfloat16 weight on an AVX2-only CPU)"
+        )
     assert "dnn" in chosen.candidates(2) and "dnn" not in chosen.candidates(1)  # torch.mv needs no copy
     kernels.use([chosen], ["mv", *["dnn"] * (len(ROWS) - 1), "dnn"])
     assert chosen.blocks is not None and chosen.part(40).blocks is None
@@ -372,7 +380,9 @@ def test_a_copy_kept_for_some_row_counts_wins_at_the_plain_margin_at_the_others_
     kernels as before."""
     chosen = ChosenLinear(layer(torch.bfloat16, bias=False))
     if not chosen.blockable():
-        pytest.skip("this torch has no oneDNN")
+        pytest.skip(
+            "no oneDNN blocked product for this weight here (no oneDNN, or a bfloat16 weight on an AVX2-only CPU)"
+        )
     calls = []
 
     def fake(sample, rows):

@@ -143,6 +143,13 @@ HALF = (torch.bfloat16, torch.float16)  # weights that "f32" can widen
 WIDE_ROWS = 128  # from this many rows "f32" is a candidate (a copy of the weight that wins only at prefill sizes)
 log = logging.getLogger("streaming.model")
 BLOCKING = hasattr(torch.ops.mkldnn, "_linear_pointwise") and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+# oneDNN lays out a bfloat16 or float16 weight only on a CPU with those products (AVX-512 BW/VL/DQ,
+# AVX-NE-CONVERT): on an AVX2-only one torch refuses ("bf16 path needs the cpu support ..."), so
+# "dnn" is no candidate there for such a weight (a bfloat16 model on the AVX2 kind failed to load)
+BLOCKABLE_HALF = {
+    torch.bfloat16: lambda: bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+    torch.float16: lambda: bool(torch.ops.mkldnn._is_mkldnn_fp16_supported()),
+}
 K = TypeVar("K")
 
 
@@ -174,8 +181,10 @@ class ChosenLinear(torch.nn.Module):
         return ["linear", "wxt", *(["xwt"] if rows <= COPY_ROWS else []), *dnn]
 
     def blockable(self) -> bool:
-        """Whether oneDNN's blocked product can run here: torch built with it, a CPU weight."""
-        return self.weight.device.type == "cpu" and torch.backends.mkldnn.is_available() and BLOCKING
+        """Whether oneDNN's blocked product can run here: torch built with it, a CPU weight, and for a
+        half-width weight a CPU whose oneDNN multiplies in it (BLOCKABLE_HALF)."""
+        native = BLOCKABLE_HALF.get(self.weight.dtype, lambda: True)
+        return self.weight.device.type == "cpu" and torch.backends.mkldnn.is_available() and BLOCKING and native()
 
     def part(self, n: int) -> ChosenLinear | None:
         """The layer of its first n outputs (a view of its weight), to time a huge one."""
