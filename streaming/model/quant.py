@@ -32,7 +32,8 @@ kernels that multiply by them without widening the whole matrix first:
   (y = s W x' + (lo + s) W 1); the weights are smoothed first (smooth.py). Measured on an AVX-512
   VNNI EPYC, fbgemm's kernel alone, 4864 x 896: 0.26 against 0.90 ms
   (bfloat16) at one row, 0.53 against 1.53 at 16, 1.11 against 3.57 at 64; the output layer's
-  quarter 1.05 against 8.8 ms at one row.
+  quarter 1.05 against 8.8 ms at one row. The down projection keeps its rows unquantized
+  (smooth.py) and takes int8 weights, or float16 ones where torch's int8 kernel is slow (kept_mode).
 
 Whether they win depends on the machine: on an AVX-512 one (the bundled model in bfloat16, one
 decode step) 52 ms dense against 21 ms int8 at batch 1, but 146 against 116 ms at batch 32; on an
@@ -193,6 +194,15 @@ def pack_int8(w: torch.Tensor) -> torch.ScriptObject:
         return torch.ops.quantized.linear_prepack(q, None)
 
 
+def kept_mode() -> str:
+    """w8a8's mode for the layers whose rows stay unquantized (smooth.KEEP: the down projection):
+    int8 weights where torch's int8 weight kernel is vectorized (its CPU capability AVX512), float16
+    weights through fbgemm elsewhere. Measured on the AVX2 EPYC, one row of the 896 x 4864 down
+    projection, 24 distinct weights in turn: int8 3.81 ms, dense float32 1.80, fp16 0.64: int8 there
+    lost to dense, so the tables ran float32 and a w8a8 step read 17 MB a layer for it."""
+    return "int8" if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else "fp16"
+
+
 @functools.cache
 def vnni() -> bool:
     """Whether the CPU multiplies bytes with VNNI (`vpdpbusd`, 32-bit sums). Without it fbgemm's
@@ -243,7 +253,7 @@ def quantize(
 
     def make(child: torch.nn.Linear) -> QuantLinear | None:
         if smooth.kept(names, child):
-            return QuantLinear(child, "int8", dense_from)
+            return QuantLinear(child, kept_mode(), dense_from)
         top = tops.get(child)  # None: a layer the forward pass never ran stays dense
         return None if top is None else QuantLinear(child, mode, dense_from, smooth.factors(top, child.weight))
 
