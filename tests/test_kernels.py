@@ -332,6 +332,15 @@ def test_a_batch_through_w8a8_gives_each_row_its_tokens_alone_through_it():
         quant.quantize(tiny_model(tok).eval(), "w8a8")
 
 
+def test_w8a8_keeps_the_down_projection_in_the_weight_kernel_this_cpu_runs_fast(monkeypatch):
+    """int8 weights where torch's int8 kernel is vectorized (AVX512), float16 elsewhere, and int8
+    for a weight float16 cannot hold (w8a8 still loads)."""
+    small, huge = torch.ones(4, 4), torch.full((4, 4), 7e4)
+    for capability, want in (("AVX512", ["int8", "int8"]), ("AVX2", ["fp16", "int8"]), ("DEFAULT", ["fp16", "int8"])):
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
+        assert [quant.kept_mode(small), quant.kept_mode(huge)] == want, capability
+
+
 def test_the_blocked_copy_is_made_only_for_a_table_that_names_it_and_runs_the_same_product():
     """ "dnn" keeps oneDNN's own layout of the weight (a copy): a table that chose it makes it at
     once (not in the first request's step), one that did not drops the timings' copy; a piece of a

@@ -40,7 +40,8 @@ decode step) 52 ms dense against 21 ms int8 at batch 1, but 146 against 116 ms a
 AVX2 one in float32 int8 is 2x slower than dense at 1 row and 40x at 32. So each layer keeps its
 dense weight too and picks per call from the timings kernels.py takes at load: the quantized
 kernel at the row counts where it is faster, a dense one elsewhere (so `--quantize` is never
-slower than dense, only larger). Memory: the dense weights plus half (int8, w8a8) or a quarter (int4) more.
+slower than dense, only larger). Memory: the dense weights plus half (int8, w8a8) or a quarter (int4) more
+(w8a8's down projection on AVX2 keeps a float16 copy: as large as a bfloat16 weight).
 
 Quantizing takes about 1.3 s for the 0.5B model, so it is done at every load rather than cached.
 The bf16 mode's rounding of the rows makes it a quantization of the activations as well as the
@@ -194,13 +195,18 @@ def pack_int8(w: torch.Tensor) -> torch.ScriptObject:
         return torch.ops.quantized.linear_prepack(q, None)
 
 
-def kept_mode() -> str:
+def kept_mode(weight: torch.Tensor | None = None) -> str:
     """w8a8's mode for the layers whose rows stay unquantized (smooth.KEEP: the down projection):
     int8 weights where torch's int8 weight kernel is vectorized (its CPU capability AVX512), float16
-    weights through fbgemm elsewhere. Measured on the AVX2 EPYC, one row of the 896 x 4864 down
-    projection, 24 distinct weights in turn: int8 3.81 ms, dense float32 1.80, fp16 0.64: int8 there
-    lost to dense, so the tables ran float32 and a w8a8 step read 17 MB a layer for it."""
-    return "int8" if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else "fp16"
+    weights through fbgemm elsewhere, unless the weight is past float16's range (int8 then: slow
+    there, but w8a8 loads). Measured on the AVX2 EPYC, one row of the 896 x 4864 down projection,
+    24 distinct weights in turn: int8 3.81 ms, dense float32 1.80, fp16 0.64: int8 there lost to
+    dense, so the tables ran float32 and a w8a8 step read 17 MB a layer for it."""
+    if torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
+        return "int8"
+    if weight is not None and float(weight.detach().abs().max()) > FP16_MAX:
+        return "int8"
+    return "fp16"
 
 
 @functools.cache
@@ -253,7 +259,7 @@ def quantize(
 
     def make(child: torch.nn.Linear) -> QuantLinear | None:
         if smooth.kept(names, child):
-            return QuantLinear(child, kept_mode(), dense_from)
+            return QuantLinear(child, kept_mode(child.weight), dense_from)
         top = tops.get(child)  # None: a layer the forward pass never ran stays dense
         return None if top is None else QuantLinear(child, mode, dense_from, smooth.factors(top, child.weight))
 
