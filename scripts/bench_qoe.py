@@ -75,12 +75,7 @@ CONFIGS = {  # this server's settings to compare: name -> options
     "qoe+int8": ["--schedule", "qoe", "--quantize", "int8"],
     "qoe+bf16": ["--schedule", "qoe", "--quantize", "bf16"],  # a float32 model's weights in bfloat16 where faster
     "qoe+fp16": ["--schedule", "qoe", "--quantize", "fp16"],  # float16 weights through fbgemm, float32 arithmetic
-    "qoe+w8a8": [
-        "--schedule",
-        "qoe",
-        "--quantize",
-        "w8a8",
-    ],  # int8 weights and rows through fbgemm (VNNI); down projection weights only
+    "qoe+w8a8": ["--schedule", "qoe", "--quantize", "w8a8"],  # int8 weights and rows, fbgemm (down_proj: weights)
     "qoe+linear": ["--schedule", "qoe", "--kernels", "linear"],  # F.linear everywhere: what kernels.py gains
 }
 PEER = "transformers serve"

@@ -38,6 +38,9 @@ def even(sample, rows):
     return dict.fromkeys(sample[0].candidates(rows), 1.0)
 
 
+NO_BLOCKS = "no oneDNN blocked product for this weight here (no oneDNN, or a bfloat16 weight on an AVX2-only CPU)"
+
+
 def winning(winner):
     """A fake kernels.timings where `winner(sample, rows)` takes half of the others' time."""
     return lambda sample, rows: even(sample, rows) | {winner(sample, rows): 0.5}
@@ -347,9 +350,7 @@ def test_the_blocked_copy_is_made_only_for_a_table_that_names_it_and_runs_the_sa
     layer (the output layer timed by its first rows) gets none of the whole's."""
     chosen = ChosenLinear(layer(torch.bfloat16, bias=True))
     if not chosen.blockable():
-        pytest.skip(
-            "no oneDNN blocked product for this weight here (no oneDNN, or a bfloat16 weight on an AVX2-only CPU)"
-        )
+        pytest.skip(NO_BLOCKS)
     assert "dnn" in chosen.candidates(2) and "dnn" not in chosen.candidates(1)  # torch.mv needs no copy
     kernels.use([chosen], ["mv", *["dnn"] * (len(ROWS) - 1), "dnn"])
     assert chosen.blocks is not None and chosen.part(40).blocks is None
@@ -389,9 +390,7 @@ def test_a_copy_kept_for_some_row_counts_wins_at_the_plain_margin_at_the_others_
     kernels as before."""
     chosen = ChosenLinear(layer(torch.bfloat16, bias=False))
     if not chosen.blockable():
-        pytest.skip(
-            "no oneDNN blocked product for this weight here (no oneDNN, or a bfloat16 weight on an AVX2-only CPU)"
-        )
+        pytest.skip(NO_BLOCKS)
     calls = []
 
     def fake(sample, rows):

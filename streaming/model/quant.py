@@ -108,7 +108,7 @@ class QuantLinear(ChosenLinear):
                 raise ValueError("--quantize bf16 halves a float32 model's weights: use --dtype float32")
             self.register_buffer("wh", linear.weight.detach().to(torch.bfloat16))
         elif mode == "fp16":
-            if float(w.abs().max()) > FP16_MAX:
+            if past_fp16(w):
                 raise ValueError("--quantize fp16: a weight is past float16's range")
             self.packed = pack_fp16(w)
         elif mode == "w8a8":
@@ -195,6 +195,11 @@ def pack_int8(w: torch.Tensor) -> torch.ScriptObject:
         return torch.ops.quantized.linear_prepack(q, None)
 
 
+def past_fp16(weight: torch.Tensor) -> bool:
+    """Whether a weight holds a value float16 cannot store (fp16 refuses it; w8a8 keeps int8)."""
+    return float(weight.detach().abs().max()) > FP16_MAX
+
+
 def kept_mode(weight: torch.Tensor | None = None) -> str:
     """w8a8's mode for the layers whose rows stay unquantized (smooth.KEEP: the down projection):
     int8 weights where torch's int8 weight kernel is vectorized (its CPU capability AVX512), float16
@@ -204,7 +209,7 @@ def kept_mode(weight: torch.Tensor | None = None) -> str:
     dense, so the tables ran float32 and a w8a8 step read 17 MB a layer for it."""
     if torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
         return "int8"
-    if weight is not None and float(weight.detach().abs().max()) > FP16_MAX:
+    if weight is not None and past_fp16(weight):
         return "int8"
     return "fp16"
 

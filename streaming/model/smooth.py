@@ -10,8 +10,8 @@ fixed text, none of prompts.json, so the perplexity measured on those is not fit
 
 And one layer is not quantized in its rows at all: the MLP's down projection (KEEP), whose input
 (the gate times the up projection) has channels hundreds of times the median, which no smoothing
-made fit. It gets int8 weights only (float16 where torch's int8 kernel is slow: quant.kept_mode). Measured on an AVX-512 BF16 EPYC (the bundled model in
-bfloat16, perplexity over all 20 texts of prompts.json; dense 67.837): every layer w8a8 and no
+made fit. It gets int8 weights only (float16 where torch's int8 kernel is slow: quant.kept_mode).
+Measured on an AVX-512 BF16 EPYC (the bundled model in bfloat16, perplexity over all 20 texts of prompts.json; dense 67.837): every layer w8a8 and no
 smoothing 74.311 (+9.5%); the down projection kept 70.533 (+4.0%); that and smoothing on an
 earlier wording of this text, α 0.3 68.876, 0.4 67.413, 0.5 69.124 (and with the down projection
 smoothed and in w8a8 too, α 0.3 72.088, 0.5 71.331, 0.7 91.622); as shipped (this text, α 0.4:
