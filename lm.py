@@ -127,7 +127,7 @@ def model_name() -> str:
 
 
 def quantization() -> str:
-    return _model.choice.quantize
+    return _model.choice.quantization()
 
 
 def kernels() -> str:

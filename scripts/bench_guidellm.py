@@ -156,6 +156,7 @@ def main(argv=None):
     if args.quick:
         args.seconds, args.synchronous = QUICK["seconds"], QUICK["synchronous"]
     lm.configure(model=args.model)
+    args.dtype_asked = args.dtype is not None
     args.dtype = args.dtype or str(lm.dtype()).removeprefix("torch.")
     if args.model in lm.NAMED[1:]:
         args.peer = False  # (the test models live only in this project's processes)

@@ -70,7 +70,8 @@ SETTLE_WINDOW, SETTLE_MAX = 0.5, 30.0  # before each run: every server quiet for
 PEER_EOS = 151900  # a padding row of the Qwen2.5 vocabulary: never sampled, so the peer runs to max_new_tokens
 CONFIGS = {  # this server's settings to compare: name -> options
     "fifo": ["--schedule", "fifo"],
-    "qoe": ["--schedule", "qoe"],
+    "qoe": ["--schedule", "qoe"],  # the defaults
+    "qoe+none": ["--schedule", "qoe", "--quantize", "none"],  # the model's own float32 arithmetic on any CPU
     "fifo+int8": ["--schedule", "fifo", "--quantize", "int8"],
     "qoe+int8": ["--schedule", "qoe", "--quantize", "int8"],
     "qoe+bf16": ["--schedule", "qoe", "--quantize", "bf16"],  # a float32 model's weights in bfloat16 where faster
@@ -227,7 +228,10 @@ def start(args) -> dict:
     servers = {}
     for config in [c for c in args.configs.split(",") if c]:
         name = f"this server, {config}"
-        p = Server(name, "--model", args.model, "--dtype", args.dtype, "--port", "0", *CONFIGS[config])
+        # --dtype only where asked: a server left to choose runs its own defaults (fp16 weights on a
+        # CPU without native bfloat16, choice.default_quantize); the peer always gets args.dtype
+        dtype = ["--dtype", args.dtype] if args.dtype_asked else []
+        p = Server(name, "--model", args.model, *dtype, "--port", "0", *CONFIGS[config])
         servers[name] = {"process": p, "ours": True, "model": None}
     if args.peer:
         folder = bundled_folder() if args.model == "bundled" else Path(args.model)
@@ -236,10 +240,13 @@ def start(args) -> dict:
             servers[PEER] = {"process": peer, "ours": False, "model": str(folder)}
         except (RuntimeError, TimeoutError, FileNotFoundError) as e:
             print(f"{PEER}: could not start ({e})", flush=True)
-    for s in servers.values():
+    for name, s in servers.items():
         if isinstance(s["process"], Server):
             s["process"].wait()
         s["port"] = s["process"].port
+        if s["ours"]:  # what its defaults chose (choice.default_dtype, default_quantize)
+            m = asyncio.run(client.get_json("/metrics.json", "127.0.0.1", s["port"]))
+            print(f"{name}: {m.get('dtype')}, --quantize {m.get('quantize')}", flush=True)
     return servers
 
 
@@ -492,6 +499,7 @@ def main(argv=None):
     args.bursts = QUICK["bursts"] if args.quick else [int(x) for x in args.bursts.split(",") if x]
     args.seconds = QUICK["seconds"] if args.quick else args.seconds
     lm.configure(model=args.model)
+    args.dtype_asked = args.dtype is not None
     args.dtype = args.dtype or str(lm.dtype()).removeprefix("torch.")
     if args.peer and args.model in lm.NAMED[1:]:
         print(f"the peer is skipped: --model {args.model} lives only in this project's processes", flush=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import lm
-from streaming.model import bundled, quant
+from streaming.model import bundled, choice, quant
 from streaming.model.choice import Choice, check_model_name
 from streaming.model.loading import Model, served_name
 
@@ -115,6 +115,21 @@ def test_unknown_quantization_lists_the_choices():
 def test_bf16_weights_are_for_a_float32_model_only():
     with pytest.raises(lm.ModelError, match="float32"):
         assert Model(Choice("tiny", device="cpu", dtype="bfloat16", quantize="bf16")).net
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_a_real_model_on_a_cpu_without_bf16_defaults_to_fp16_weights_and_nothing_else_does(monkeypatch, bf16):
+    """Two-byte weights by default on every CPU: bfloat16 where it is native, else fbgemm's float16
+    with float32 arithmetic; a dtype asked for, the test models and other devices stay as asked."""
+    monkeypatch.setattr(choice, "cpu_has_bf16", lambda: bf16)
+    x86 = quant.fbgemm_available()
+    assert Choice("bundled", device="cpu").quantization() == ("fp16" if x86 and not bf16 else "none")
+    assert Choice("bundled", device="cpu", dtype="float32").quantization() == "none"
+    assert Choice("bundled", device="cpu", quantize="w8a8").quantization() == "w8a8"
+    assert Choice("bundled", device="cpu", quantize="none").quantization() == "none"
+    assert Choice("some/hub-model", device="mps").quantization() == "none"
+    for name in ("tiny", "exact", "echo"):
+        assert Choice(name, device="cpu").quantization() == "none"
 
 
 def test_the_choice_is_fixed_once_the_model_is_in_use():

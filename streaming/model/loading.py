@@ -90,7 +90,7 @@ class Model:
             "model": self.choice.model,
             "device": self.device,
             "dtype": str(self.choice.torch_dtype()).removeprefix("torch."),
-            "quantize": self.choice.quantize,
+            "quantize": self.choice.quantization(),
             "kernels": getattr(self._net, "kernel_tables", None) or self.choice.kernel_choice(),
         }
 
@@ -116,14 +116,12 @@ def load_tokenizer(choice: Choice) -> Any:
 def load_net(choice: Choice, tokenizer: Any) -> Any:
     from transformers import AutoModelForCausalLM
 
-    name, dtype, device = choice.model, choice.torch_dtype(), choice.device_name()
+    name, dtype, device, mode = choice.model, choice.torch_dtype(), choice.device_name(), choice.quantization()
     check_model_name(name)
-    if choice.quantize == "bf16" and str(dtype) != "torch.float32":
+    if mode == "bf16" and str(dtype) != "torch.float32":
         raise ModelError(f"--quantize bf16 halves a float32 model's weights; this one is {dtype}: use --dtype float32")
-    if choice.quantize in quant.FBGEMM and not quant.fbgemm_available():
-        raise ModelError(
-            f"--quantize {choice.quantize} runs fbgemm's kernels, which this build of torch lacks (x86 only)"
-        )
+    if mode in quant.FBGEMM and not quant.fbgemm_available():
+        raise ModelError(f"--quantize {mode} runs fbgemm's kernels, which this build of torch lacks (x86 only)")
     if name == "tiny":
         m = tiny_model(tokenizer)
     elif name == "exact":
@@ -142,11 +140,11 @@ def load_net(choice: Choice, tokenizer: Any) -> Any:
         m = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
     m = m.to(device=device, dtype=dtype).eval()
     if choice.kernel_choice() == "measure":  # the CPU's own kernels: fewer, larger products (fusing.py)
-        fusing.fuse(m, choice.quantize)
-    if choice.quantize != "none":
+        fusing.fuse(m, mode)
+    if mode != "none":
         if device != "cpu":
-            raise ModelError(f"--quantize {choice.quantize} uses torch's CPU kernels: use --device cpu")
-        m = quant.quantize(m, choice.quantize, calibration=smooth.calibration_ids(tokenizer))
+            raise ModelError(f"--quantize {mode} uses torch's CPU kernels: use --device cpu")
+        m = quant.quantize(m, mode, calibration=smooth.calibration_ids(tokenizer))
     if choice.kernel_choice() == "measure":  # the CPU only
         kernels.wrap(m)  # the layers quantize left dense (all of them unquantized, or int4's odd shapes)
         t0 = time.perf_counter()
