@@ -162,7 +162,7 @@ def default_quantize(choice: Choice) -> str:
     and a torch without fbgemm (ARM)."""
     from streaming.model import quant  # (only here: quant imports the kernels' machinery)
 
-    plain = choice.dtype is None and choice.device_name() == "cpu" and not cpu_has_bf16()
+    plain = choice.dtype is None and choice.device_name() == "cpu" and choice.torch_dtype() == torch.float32
     real = choice.model not in NAMED[1:]
     return "fp16" if plain and real and quant.fbgemm_available() else "none"
 
