@@ -203,6 +203,68 @@ def test_qoe_keeps_every_urgent_row_of_a_burst_whatever_costs_were_measured_long
     assert Qoe.worth_running([1.0] * 48, 0, fresh, now=70.0) == 48  # a minute on, nothing is fresh
 
 
+def blocky_seconds(k):
+    """A step of k rows where the kernel works in blocks of 6 rows (fbgemm's fp16 product on the
+    AVX2 kind reads every weight again for each 6): 76 ms for 1-6 rows, 113 for 7-12, 150 for
+    13-18 ..."""
+    return 0.039 + 0.037 * -(-k // 6)
+
+
+def test_qoe_serves_rows_past_a_kernels_block_in_turn_where_that_gives_everyone_more_text():
+    """Seven rows far ahead of their readers, nobody joining, on a kernel that works in blocks of
+    6 rows: six run at a time, in turn (the longest without a token first), so every row gets
+    more tokens a second than at every step of seven; costs not measured lately: every row runs,
+    and is measured; a smooth cost (more rows never dearer a row): every row runs, always."""
+    rows = [Fake(created=0.0, delivered=300, last_at=19.0) for _ in range(7)]
+    costs, q, now = StepCosts(), Qoe(), 20.0
+    assert q.plan(rows, now, costs=costs).run == list(range(7))  # nothing measured yet
+    for k in (6, 7):
+        costs.record(k, blocky_seconds(k), now)
+    tokens, start = [0] * 7, now
+    for _ in range(70):
+        run = q.plan(rows, now, costs=costs).run
+        costs.record(len(run), blocky_seconds(len(run)), now)
+        now += blocky_seconds(len(run))
+        for i in run:
+            rows[i].delivered, rows[i].last_at, tokens[i] = rows[i].delivered + 1, now, tokens[i] + 1
+    per_row = [t / (now - start) for t in tokens]
+    assert min(per_row) > 1 / blocky_seconds(7) * 1.2  # each row: more than every step of 7 gives
+    assert max(tokens) - min(tokens) <= 1  # in turn
+    assert q.plan(rows, now + 60, costs=costs).run == list(range(7))  # a minute on: measured again
+    smooth = StepCosts()
+    for k in range(1, 8):
+        smooth.record(k, step_seconds(k), now)
+    assert q.plan(rows, now, costs=smooth).run == list(range(7))
+    assert Qoe.cheapest(list(range(7)), 7, costs, now) == list(range(7))  # rows that must run, run
+
+
+def test_qoe_trims_the_urgent_rows_to_a_kernels_block_the_neediest_kept():
+    """Seven readers about to wait: six run, the one with the most text left in hand waits a step."""
+    rows = [Fake(created=0.0, delivered=88 + i, last_at=19.9) for i in range(7)]
+    costs = StepCosts()
+    for k in range(1, 8):
+        costs.record(k, blocky_seconds(k), 20.0)
+    assert sorted(Qoe().plan(rows, 20.0, costs=costs).run) == [0, 1, 2, 3, 4, 5]
+
+
+def test_qoe_lets_rows_ahead_ride_with_a_reader_about_to_wait_while_the_step_keeps_its_pace():
+    """Two readers about to wait among ten far ahead: the rows ahead ride along while the step
+    keeps every reader in it at KEEP_PACE x the reading rate (steps of 12 here: 113 ms, 8.8
+    tokens a second), instead of a step of MIN_BATCH rows that leaves the others' tokens for
+    later; where only small steps keep that pace, only they run; a prompt waiting to join: the
+    rows make room for it as before."""
+    rows = [Fake(delivered=d, last_at=19.9) for d in (85, 86, *range(200, 210))]
+    costs = StepCosts()
+    for k in range(1, 13):
+        costs.record(k, blocky_seconds(k), 20.0)
+    assert sorted(Qoe().plan(rows, 20.0, costs=costs).run) == list(range(12))
+    slow = StepCosts()
+    for k in range(1, 13):
+        slow.record(k, 0.1 + 0.02 * k, 20.0)  # 1 / (1.5 x 4.6) = 145 ms: 2 rows
+    assert sorted(Qoe().plan(rows, 20.0, costs=slow).run) == [0, 1, 2, 3]  # MIN_BATCH's places
+    assert len(Qoe().plan(rows, 20.0, joining=19.9, costs=costs, waiting=2000).run) == 4
+
+
 def step_seconds(k):
     """A step of k rows on a machine shaped like this one (bundled model, bfloat16): a step of 16
     costs less than twice one of 1, past that the rows cost in full (about 0.12 s for 1 row,

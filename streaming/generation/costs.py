@@ -17,6 +17,11 @@ COST_WEIGHT = 0.2  # the weight of the latest step in a band's moving average (t
 # equal gain) ran a third of its rows, by a 64-row cost measured at longer contexts against a fresh
 # 16-row one, and lost to fifo (mean QoE 0.619 against 0.744 at 16, 0.076 against 0.159 at 48).
 FRESH_SECONDS = 10.0
+# Costs are also kept for each row count up to here: a kernel that works in blocks of rows makes a
+# step's cost jump inside a band. fbgemm's fp16 product on the AVX2 kind reads every weight again
+# for each 6 rows (the bundled model's pass, fp16: 76 ms for 6 rows, 113 for 7, 130 for 12, 153
+# for 13), which the band of 8 (5 to 8 rows) averages away.
+EXACT_MOST = 64
 
 
 class StepCosts:
@@ -29,6 +34,7 @@ class StepCosts:
         self.weight = weight
         self.seconds: dict[int, float] = {}
         self.at: dict[int, float | None] = {}  # when each band was last measured (None: not said)
+        self.exact: dict[int, tuple[float, float | None]] = {}  # row count -> (seconds, when), to EXACT_MOST
 
     @staticmethod
     def band(n: int) -> int:
@@ -39,6 +45,9 @@ class StepCosts:
         old = self.seconds.get(b)
         self.seconds[b] = seconds if old is None else old + self.weight * (seconds - old)
         self.at[b] = now
+        if n <= EXACT_MOST:
+            was = self.exact.get(n)
+            self.exact[n] = (seconds if was is None else was[0] + self.weight * (seconds - was[0]), now)
 
     def of(self, n: int) -> float | None:
         return self.seconds.get(self.band(n))
@@ -50,6 +59,23 @@ class StepCosts:
         if at is not None and now is not None and now - at > FRESH_SECONDS:
             return None
         return self.of(n)
+
+    def exactly(self, n: int, now: float | None) -> float | None:
+        """What a step of exactly n rows has cost lately, if measured within FRESH_SECONDS of
+        `now` (or either time is not known), else None."""
+        seconds, at = self.exact.get(n, (None, None))
+        if seconds is None or at is not None and now is not None and now - at > FRESH_SECONDS:
+            return None
+        return seconds
+
+    def most_within(self, seconds: float, most: int) -> int:
+        """The most rows (at most `most`) whose step was measured to cost at most `seconds`: by
+        the count's own cost where measured, else its band's (0 when none is known)."""
+        for m in range(most, 0, -1):
+            cost = self.exact[m][0] if m in self.exact else self.of(m)
+            if cost is not None and cost <= seconds:
+                return m
+        return 0
 
     def free_rows(self, n: int, most: int) -> int:
         """How many rows a step of n could run instead (at most `most`) for at most FREE_SHARE
