@@ -42,12 +42,19 @@ class StepCosts:
 
     def record(self, n: int, seconds: float, now: float | None = None) -> None:
         b = self.band(n)
-        old = self.seconds.get(b)
-        self.seconds[b] = seconds if old is None else old + self.weight * (seconds - old)
+        self.seconds[b] = self.moved(self.seconds.get(b), seconds)
         self.at[b] = now
         if n <= EXACT_MOST:
-            was = self.exact.get(n)
-            self.exact[n] = (seconds if was is None else was[0] + self.weight * (seconds - was[0]), now)
+            self.exact[n] = (self.moved(self.exact[n][0] if n in self.exact else None, seconds), now)
+
+    def moved(self, old: float | None, seconds: float) -> float:
+        """A moving average after one more measurement."""
+        return seconds if old is None else old + self.weight * (seconds - old)
+
+    @staticmethod
+    def stale(at: float | None, now: float | None) -> bool:
+        """Measured longer than FRESH_SECONDS before `now` (never, when either time is not known)."""
+        return at is not None and now is not None and now - at > FRESH_SECONDS
 
     def of(self, n: int) -> float | None:
         return self.seconds.get(self.band(n))
@@ -55,18 +62,13 @@ class StepCosts:
     def recent(self, n: int, now: float | None) -> float | None:
         """of(n) if its band was measured within FRESH_SECONDS of `now` (or either time is not
         known), else None."""
-        at = self.at.get(self.band(n))
-        if at is not None and now is not None and now - at > FRESH_SECONDS:
-            return None
-        return self.of(n)
+        return None if self.stale(self.at.get(self.band(n)), now) else self.of(n)
 
     def exactly(self, n: int, now: float | None) -> float | None:
         """What a step of exactly n rows has cost lately, if measured within FRESH_SECONDS of
         `now` (or either time is not known), else None."""
         seconds, at = self.exact.get(n, (None, None))
-        if seconds is None or at is not None and now is not None and now - at > FRESH_SECONDS:
-            return None
-        return seconds
+        return None if seconds is None or self.stale(at, now) else seconds
 
     def most_within(self, seconds: float, most: int) -> int:
         """The most rows (at most `most`) whose step was measured to cost at most `seconds`: by

@@ -211,9 +211,10 @@ class Qoe:
         if whole is None or n < 2:
             return run
         best, value = n, n / whole
+        bar = value * (1 + SMALLER_STEP)
         for k in range(max(1, keep), n):
             cost = costs.exactly(k, now)
-            if cost is not None and k / cost > max(value, n / whole * (1 + SMALLER_STEP)):
+            if cost is not None and k / cost > max(value, bar):
                 best, value = k, k / cost
         return run[:best]
 
@@ -248,10 +249,9 @@ class Qoe:
         least = min((slack[i] for i in run if not rows[i].orphaned), default=float("inf"))  # before riders
         if self.conserving and costs is not None and run:  # and rows that cost next to nothing
             free = costs.free_rows(len(run), len(rows))
+            if joining is None:  # or that keep every reader in the step at KEEP_PACE x R
+                free = max(free, costs.most_within(1 / (self.rate * KEEP_PACE), len(rows)))
             run += [i for i in rest if i not in run][: max(0, free - len(run))]
-        if self.conserving and joining is None and costs is not None and run:  # and rows that keep the pace
-            pace = costs.most_within(1 / (self.rate * KEEP_PACE), len(rows))
-            run += [i for i in rest if i not in run][: max(0, pace - len(run))]
         if joining is None and costs is not None:  # a kernel's block of rows: the last few may wait a step
             run = self.cheapest(run, len(starving), costs, now)
         if joining is not None and self.slack(joining, 0, now) <= least:
