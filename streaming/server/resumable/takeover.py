@@ -116,10 +116,12 @@ class Takeover:
             raise lost_part(stream_id) from None
         if rec.ended and k >= len(rec.events) - 1:
             return None
-        self.recordings.add_view(rec)
         self.views += 1
         if not rec.ended:  # events this replica has not yet got (k may be past them: they will come)
+            self.recordings.add_view(rec)
             self.store.spawn(self.watch(rec), name=f"watch {rec.id}")
+        # An ended view is never kept here: Redis is its record, and forgets it --resume-keep
+        # after its last write. A copy kept here would outlive that by however late it was read.
         return rec, k
 
     async def watch(self, rec: Recording) -> None:
@@ -149,6 +151,8 @@ class Takeover:
                 if not rec.ended:
                     broken(rec, LOST)
                 return
+        if rec.job is None and self.recordings.get(rec.id) is rec:  # it ended in Redis: Redis keeps it (find)
+            self.recordings.drop(rec.id)
 
     async def take_over(self, rec: Recording) -> bool:
         """Take over a stream whose generator's lease expired; whether this replica did."""
