@@ -295,8 +295,8 @@ def overloaded(policy, n=40, every=0.3, tokens=100):
 def test_qoe_under_overload_serves_readers_better_than_running_everyone_and_starves_nobody():
     """3.3 readers a second on a machine that keeps about 16 at reading speed: running the rows
     worth the step (qoe) gives a higher mean QoE (0.692 against 0.633), and more readers at 0.95
-    or more (1 against 0; 5 before rows ahead rode with urgent ones at KEEP_PACE), than running
-    every row (fifo); no row goes longer than MAX_SKIP without a token, give or take the step
+    or more (1 against 0; 5 before smaller steps needed fresh costs and 10% more gain), than
+    running every row (fifo); no row goes longer than MAX_SKIP without a token, give or take the step
     under way and the one after it."""
     ours, longest = overloaded(Qoe())
     everyone, _ = overloaded(Fifo())
