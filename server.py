@@ -58,7 +58,7 @@ def parse_args(argv=None):
     resume_options(p.add_argument_group("resumable streams"))
     testing_options(p.add_argument_group("testing and experiments"))
     args = p.parse_args(argv)
-    if args.queue and args.engine == "batched":
+    if args.queue and args.engine in ("batched", "process"):
         p.error("--queue bounds a generation thread; use it with --engine thread")
     if min(args.max_batch, args.prefill_chunk, args.prefill_budget, args.keepalive_requests, args.log_keep) < 1:
         p.error(
@@ -85,7 +85,8 @@ def engine_options(g):
         "--engine",
         choices=ENGINES,
         default="batched",
-        help="batched: one thread steps every request at once; thread: the article's thread per "
+        help="batched: one thread steps every request at once; process: the same in a process of its own "
+        "(the event loop never runs the model's Python); thread: the article's thread per "
         "request; free: no model, ' x' pieces at once (measures the server's own cost per event); "
         "upstream: relay OpenAI-compatible engines (--upstream)",
     )

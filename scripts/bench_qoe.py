@@ -78,6 +78,7 @@ CONFIGS = {  # this server's settings to compare: name -> options
     "qoe+fp16": ["--schedule", "qoe", "--quantize", "fp16"],  # float16 weights through fbgemm, float32 arithmetic
     "qoe+w8a8": ["--schedule", "qoe", "--quantize", "w8a8"],  # int8 weights and rows, fbgemm (down_proj: weights)
     "qoe+linear": ["--schedule", "qoe", "--kernels", "linear"],  # F.linear everywhere: what kernels.py gains
+    "qoe+process": ["--schedule", "qoe", "--engine", "process"],  # the engine in a process of its own
 }
 PEER = "transformers serve"
 # The goals (#22), each a check of the headlines against the peer's.

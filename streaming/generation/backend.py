@@ -4,6 +4,7 @@
 here and an entry in ENGINES:
 
 - "batched" (batched.py): one engine thread steps every request at once (the default);
+- "process" (process.py): the batched engine in a process of its own, over a pipe;
 - "thread" (thread.py): the article's thread per request;
 - "free" (free.py): no model, for measuring the server's own cost per event;
 - "upstream" (upstream/): OpenAI-compatible engines elsewhere.
@@ -28,7 +29,9 @@ from streaming.generation.batched import MAX_BATCH, MAX_WAITING, PREFILL_CHUNK, 
 from streaming.generation.free import FreeJob
 from streaming.generation.job import Job, JobOptions, Stats
 from streaming.generation.kv import KV_MEMORY
-from streaming.generation.policy import Fifo, Qoe
+from streaming.generation.policy import PREFILL_BUDGET, Fifo, Qoe
+from streaming.generation.process import EngineProcess, ProcessJob
+from streaming.generation.process_child import EngineSettings
 from streaming.generation.prompts import Prompt
 from streaming.generation.thread import ThreadJob
 from streaming.generation.upstream.pool import Pool
@@ -46,6 +49,11 @@ def batched(b: Backend, ids: list[int], params: GenerationParams, prior: Prior) 
     return BatchedJob(b.batch, ids, params, b.options, b.stats, prior)
 
 
+def in_process(b: Backend, ids: list[int], params: GenerationParams, prior: Prior) -> Job:
+    assert b.process is not None
+    return ProcessJob(b.process, ids, params, b.options, b.stats, prior)
+
+
 def threaded(b: Backend, ids: list[int], params: GenerationParams, prior: Prior) -> Job:
     assert b.model is not None
     return ThreadJob(ids, params, b.options, b.stats, prior, model=b.model)
@@ -58,6 +66,7 @@ def free(b: Backend, ids: list[int], params: GenerationParams, prior: Prior) -> 
 # Each engine's job from a prompt's ids; None: it takes the prompt itself and runs no model here.
 ENGINES: dict[str, Callable[[Backend, list[int], GenerationParams, Prior], Job] | None] = {
     "batched": batched,
+    "process": in_process,
     "thread": threaded,
     "free": free,
     "upstream": None,
@@ -99,15 +108,39 @@ class Backend:
             if engine == "batched" and model is not None
             else None
         )
+        self.process = (
+            EngineProcess(
+                model,
+                EngineSettings(
+                    model.choice,
+                    self.options,
+                    policy or Fifo(PREFILL_BUDGET),
+                    max_batch,
+                    prefill_chunk,
+                    max_waiting,
+                    kv_memory,
+                ),
+            )
+            if engine == "process" and model is not None
+            else None
+        )
         # Whether answers can be generated: an upstream's at once; a local model's once load()
-        # has loaded and warmed it up (or if it came loaded).
-        self.loaded = self.make is None or (model is not None and model.loaded)
+        # has loaded and warmed it up (or if it came loaded); the engine process's while it is up.
+        self._loaded = self.make is None or (model is not None and model.loaded and engine != "process")
+
+    @property
+    def loaded(self) -> bool:
+        return self._loaded and (self.process is None or self.process.ready)
 
     async def load(self, load: Callable[[], str]) -> str:
         """Load the model (in a thread: the loop goes on answering /health and /ready; the batched
         engine's own, which runs its steps), then warm the batched engine's memory (warm.py); what
-        `load` says of it."""
-        if self.batch is not None:  # in the engine's thread, where its steps will run
+        `load` says of it. The engine process loads and warms its own (never here)."""
+        if self.process is not None:
+            model = self.model
+            assert model is not None  # its tokenizer encodes the prompts here: loaded meanwhile
+            said, _ = await asyncio.gather(self.process.start(), asyncio.to_thread(lambda: model.tokenizer))
+        elif self.batch is not None:  # in the engine's thread, where its steps will run
             said = await asyncio.wrap_future(self.batch.call(load))
             assert self.model is not None
             t0 = time.perf_counter()
@@ -115,7 +148,7 @@ class Backend:
             said += f"; memory warmed ({tokens} tokens) in {time.perf_counter() - t0:.1f} s"
         else:
             said = await asyncio.to_thread(load)
-        self.loaded = True
+        self._loaded = True
         return said
 
     async def open(self, prompt: Prompt, params: GenerationParams, so_far: str = "", pieces: int = 0) -> Job:
@@ -139,7 +172,8 @@ class Backend:
         """Refuse a new request when --max-waiting requests wait for a place already (503 with
         Retry-After, close 1013). A stream taken over from another replica is not refused: its
         reader is already reading (it goes through start())."""
-        if self.batch is not None and (full := self.batch.refusal()) is not None:
+        engine = self.batch or self.process
+        if engine is not None and (full := engine.refusal()) is not None:
             waiting, seconds = full
             raise ProtocolError(
                 f"the server is at capacity: {waiting} requests wait for a place already (--max-waiting); "
@@ -164,11 +198,15 @@ class Backend:
 
     def facts(self) -> dict[str, Any]:
         """For /metrics.json: the model, where it runs and in what."""
+        if self.process is not None and self.process.facts:
+            return self.process.facts
         return self.model.facts() if self.model is not None else {}
 
     def metrics(self) -> dict[str, Any]:
         if self.pool is not None:
             return {"engine": "upstream", "upstreams": self.pool.status()}
+        if self.process is not None:
+            return self.process.metrics()
         return self.batch.metrics() if self.batch is not None else {"engine": self.kind}
 
     def waiting(self) -> int:
@@ -177,6 +215,8 @@ class Backend:
     def position(self, job: Job) -> int | None:
         """Requests ahead of this job waiting for a place in the batch (None: it has one, or
         its engine has no queue)."""
+        if self.process is not None:
+            return self.process.position(job)
         return self.batch.position(job) if self.batch is not None and isinstance(job, BatchedJob) else None
 
     def stop_all(self) -> None:
@@ -184,7 +224,10 @@ class Backend:
             job.stop.set()
 
     async def wait_all(self, timeout: float) -> None:
-        """Wait (off the loop) for every job's producing side to finish, up to `timeout` in all."""
+        """Wait (off the loop) for every job's producing side to finish, up to `timeout` in all;
+        then close the engine process's pipe, which ends it."""
         deadline = time.monotonic() + timeout
         for job in list(self.stats.active):
             await asyncio.to_thread(job.wait, max(0.0, deadline - time.monotonic()))
+        if self.process is not None:
+            await asyncio.to_thread(self.process.close)

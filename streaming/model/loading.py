@@ -33,6 +33,10 @@ class Model:
         self.choice = choice or Choice()
         self._net, self._tokenizer = net, tokenizer
         self._stop_ids: frozenset[int] | None = None
+        # The context length as told by an engine process that loaded the network (process.py):
+        # this process then never loads it (its tokenizer encodes prompts).
+        self.known_context: int | None = None
+        self.context_told = False
         self.lock = threading.Lock()  # the loader thread and a first request may both ask
 
     @property
@@ -82,6 +86,8 @@ class Model:
 
     def context(self) -> int | None:
         """The most tokens it reads (prompt and answer), if its config says."""
+        if self._net is None and self.context_told:
+            return self.known_context
         return getattr(self.net.config, "max_position_embeddings", None)
 
     def facts(self) -> dict[str, Any]:

@@ -1,0 +1,179 @@
+"""The engine process's own side (`--engine process`): the batched engine, run in a child process.
+
+vLLM V1 moved its scheduler and model (EngineCore) out of the API server's process, so that the
+model's Python between kernels never waits for the GIL behind HTTP, SSE and JSON. `main` is that
+process: it loads the model, warms it (warm.py), and runs a BatchEngine exactly as the server's
+own `--engine batched` does; a request arrives as its prompt's ids and parameters, runs as a
+BatchedJob (its stop flag checked before every step, its text detokenized here) and goes back as
+messages on one pipe (process.py, the server's side, holds the other end):
+
+    server -> engine   ("submit", jid, ids, params, prior)   ("stop", jid, handed_off)
+                       ("orphaned", jid, whether)   ("exit",)
+    engine -> server   ("ready", said, context, facts)   ("failed", message)
+                       ("piece", jid, text, ids, produced)   ("end", jid, reason, stopped_at, produced)
+                       ("fail", jid, message, stopped_at, produced)   ("metrics", {...})
+
+A receiving thread reads the pipe and hands each message to this process's event loop, so a stop
+reaches the engine thread between two of its steps, as in one process. The pipe's end is the
+server's end: this process exits when told to, or when it reads end-of-file (the server died).
+
+Leaves out: HTTP (the server's side), and restarting (the server starts a new one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from streaming.generation.batched import BatchedJob, BatchEngine
+from streaming.generation.job import JobOptions, Stats
+from streaming.generation.policy import Fifo, Qoe
+from streaming.generation.warm import warm
+from streaming.model.choice import Choice
+from streaming.model.loading import Model
+
+METRICS_EVERY = 0.25  # seconds between the engine's counts sent while it has work (/metrics.json's age)
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """What the engine process is made from (pickled across, once)."""
+
+    choice: Choice
+    options: JobOptions
+    policy: Fifo | Qoe
+    max_batch: int
+    prefill_chunk: int
+    max_waiting: int
+    kv_memory: int
+
+
+def main(conn: Connection, settings: EngineSettings) -> None:
+    """The child process's entry (multiprocessing, spawned)."""
+    # Ctrl-C and a SIGTERM to the server's process group are the server's to handle: it drains its
+    # answers, then says exit (or kills this process past EXIT_WAIT). A SIGTERM to this process
+    # itself still ends it (multiprocessing's own clean-up at the server's exit sends one).
+    os.setpgrp()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    asyncio.run(Child(conn, settings).run())
+
+
+class Child:
+    def __init__(self, conn: Connection, settings: EngineSettings) -> None:
+        self.conn, self.settings = conn, settings
+        self.model = Model(settings.choice)
+        self.engine = BatchEngine(
+            self.model,
+            settings.max_batch,
+            settings.prefill_chunk,
+            settings.options.token_delay,
+            policy=settings.policy,
+            max_waiting=settings.max_waiting,
+            kv_memory=settings.kv_memory,
+        )
+        self.stats = Stats()
+        self.jobs: dict[int, BatchedJob] = {}
+        self.submitted = 0  # submit messages taken: the server counts those it sent and we have not seen
+        self.send_lock = threading.Lock()  # the loop and the receiving thread both send
+
+    async def run(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.closed = asyncio.Event()
+        threading.Thread(target=self.receive, name="engine pipe", daemon=True).start()
+        try:
+            said = await asyncio.wrap_future(self.engine.call(self.load))
+            t0 = time.perf_counter()
+            tokens = await warm(self.engine, len(self.model.tokenizer))
+            said += f"; memory warmed ({tokens} tokens) in {time.perf_counter() - t0:.1f} s"
+        except Exception as e:  # noqa: BLE001 - told to the server in one line, which exits
+            self.send(("failed", str(e) or type(e).__name__))
+            return
+        self.send(("ready", said, self.model.context(), self.model.facts()))
+        while not self.closed.is_set():
+            if self.jobs:
+                self.send_metrics()
+            try:
+                await asyncio.wait_for(self.closed.wait(), METRICS_EVERY)
+            except asyncio.TimeoutError:  # (not TimeoutError before Python 3.11)
+                pass
+        for job in self.jobs.values():  # the server is gone: nobody reads
+            job.stop.set()
+
+    def load(self) -> str:
+        """On the engine's thread (its kernels run faster where they were loaded and timed)."""
+        t0 = time.perf_counter()
+        self.model.net  # noqa: B018 - loads it
+        facts = self.model.facts()
+        mode = f", {facts['quantize']} Linear layers" if facts["quantize"] != "none" else ""
+        took = time.perf_counter() - t0
+        return f"model {facts['model']} on {facts['device']} in {facts['dtype']}{mode}, ready in {took:.1f} s (engine process)"
+
+    # --- the pipe ------------------------------------------------------------------------------
+
+    def receive(self) -> None:
+        """The receiving thread: every message to the loop, in order; end-of-file ends the process."""
+        try:
+            while True:
+                msg = self.conn.recv()
+                self.loop.call_soon_threadsafe(self.handle, msg)
+        except (EOFError, OSError):
+            self.loop.call_soon_threadsafe(self.closed.set)
+
+    def send(self, msg: tuple[Any, ...]) -> None:
+        with self.send_lock:
+            try:
+                self.conn.send(msg)
+            except (OSError, ValueError):  # the server is gone: receive() ends us
+                pass
+
+    def handle(self, msg: tuple[Any, ...]) -> None:
+        if msg[0] == "exit":
+            self.closed.set()
+        elif msg[0] == "submit":
+            _, jid, ids, params, prior = msg
+            self.submitted += 1
+            new = BatchedJob(self.engine, ids, params, self.settings.options, self.stats, prior)
+            self.jobs[jid] = new.start()
+            self.loop.create_task(self.pump(jid, new))
+        elif (job := self.jobs.get(msg[1])) is None:  # it has ended here already
+            return
+        elif msg[0] == "stop":
+            job.handed_off = msg[2]
+            job.stop.set()
+        elif msg[0] == "orphaned":
+            job.orphaned = msg[2]
+
+    async def pump(self, jid: int, job: BatchedJob) -> None:
+        """A job's pieces, end or failure, to the server."""
+        try:
+            while True:
+                item = await job.get()
+                if item is None:
+                    produced = await job.done
+                    self.send_metrics()  # before the end: a client that reads /metrics.json next sees this answer
+                    self.send(("end", jid, job.reason, job.stop.at, produced))
+                    return
+                if isinstance(item, BaseException):
+                    produced = await job.done
+                    self.send(("fail", jid, str(item) or type(item).__name__, job.stop.at, produced))
+                    return
+                self.send(("piece", jid, str(item), getattr(item, "ids", ()), job.produced))
+        finally:
+            self.jobs.pop(jid, None)
+
+    def send_metrics(self) -> None:
+        m = self.engine.metrics()
+        with self.engine.lock:  # the places of those waiting, in one pass
+            order = [row.job for row in self.engine.waiting.rows]
+        jids = {id(job): jid for jid, job in self.jobs.items()}
+        m["positions"] = {jids[id(job)]: k for k, job in enumerate(order) if id(job) in jids}
+        m["refusal"] = self.engine.refusal()
+        m["submitted"] = self.submitted
+        m["engine_tokens_after_stop"] = self.stats.tokens_after_stop  # counted from when the stop arrived here
+        self.send(("metrics", m))

@@ -1,0 +1,135 @@
+"""`--engine process` (streaming/generation/process.py): the batched engine in a process of its own.
+
+Real server processes over real sockets: the same text as the batched engine in the server's
+process; a reader who leaves stops the engine process within a step; a queue's places reach the
+waiting reader; a killed engine process is an error to every reader it served (not a hang), a new
+one serves the next request; a resumable stream resumes; a server shut down leaves no engine
+process behind.
+"""
+
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+from helpers import ServerProcess, connect, events, http, metrics, server_log, wait_for_log
+from test_resume import QUERY, complete_text, get, read_events, texts
+from test_server import read_events_then_leave
+
+PROCESS = ("--engine", "process", "--token-delay", "0.02", "--ping", "0.2", "--max-batch", "2")
+
+
+@pytest.fixture(scope="module")
+def engine_process():
+    s = ServerProcess(*PROCESS)
+    try:
+        yield s.wait()
+    finally:
+        s.stop()
+
+
+def alive(pid):
+    """Whether a process runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return not any(line.startswith("State:") and "Z" in line.split()[1] for line in f)
+    except FileNotFoundError:
+        return False
+
+
+def stream(port, n, out, name):
+    out[name] = http(port, "POST", "/stream", {"prompt": "Hello", "max_tokens": n, "ignore_eos": True})
+
+
+def test_the_engine_process_gives_the_batched_engines_text(servers, engine_process):
+    body = {"prompt": "The capital of France", "max_tokens": 30, "seed": 4, "temperature": 0}
+    texts = [
+        json.loads(http(p, "POST", "/complete", body)[2])["text"] for p in (servers["plain"].port, engine_process.port)
+    ]
+    assert texts[0] == texts[1]
+    m = metrics(engine_process.port)
+    assert m["engine"] == "process" and m["steps"] > 0 and m["model"] == "tiny"
+    assert m["engine_pid"] != engine_process.proc.pid and alive(m["engine_pid"])
+
+
+def test_a_reader_leaving_stops_the_engine_process_within_a_step(engine_process):
+    port = engine_process.port
+    before, m0 = len(server_log(port)), metrics(port)
+    read_events_then_leave(port, {"prompt": "Hello", "max_tokens": 200, "ignore_eos": True}, 10)
+    path, generated, left = wait_for_log(port, before + 1)[-1]
+    assert path == "/stream" and left is True and generated <= 12
+    deadline = time.monotonic() + 10
+    while (m1 := metrics(port))["active"] and time.monotonic() < deadline:  # the engine's own report
+        time.sleep(0.05)
+    assert m1["active"] == 0 and m1["requests_stopped"] - m0["requests_stopped"] == 1
+    assert m1["tokens_after_stop"] - m0["tokens_after_stop"] <= 1  # at most the token being computed
+
+
+def test_a_request_beyond_max_batch_is_told_its_place(engine_process):
+    port, results = engine_process.port, {}
+    first = [threading.Thread(target=stream, args=(port, 60, results, i)) for i in range(2)]
+    for t in first:
+        t.start()
+    while metrics(port)["active"] < 2:
+        time.sleep(0.01)
+    stream(port, 3, results, "third")  # --max-batch 2: it waits for one of the first two
+    for t in first:
+        t.join()
+    body = results["third"][2]
+    assert b": waiting for a place in the batch, 0 ahead" in body.split(b"data: {")[0]
+    assert body.rstrip().endswith(b"data: [DONE]")
+
+
+def test_a_reader_who_drops_resumes_and_nothing_is_generated_twice(engine_process):
+    port = engine_process.port
+    before = len(server_log(port))
+    s = connect(port)
+    s.sendall(f"GET {QUERY} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+    first, _ = read_events(s, 11)  # the stream's name and 10 pieces
+    s.close()  # the network blinks
+    time.sleep(0.3)
+    status, _, body = get(port, "/stream?prompt=ignored", [("Last-Event-ID", first[10].id)])
+    rest = events(body)
+    assert status == 200 and rest[-1].data == "[DONE]"
+    log = wait_for_log(port, before + 1)[before:]
+    assert texts(first[:11]) + texts(rest) == complete_text(port)
+    assert log[0] == ["/stream", 40, False]  # one generation, all 40 tokens, not stopped
+
+
+def test_a_killed_engine_process_is_an_error_to_every_reader_and_a_new_one_serves(engine_process):
+    port, results = engine_process.port, {}
+    old = metrics(port)["engine_pid"]
+    readers = [threading.Thread(target=stream, args=(port, 4000, results, i)) for i in range(2)]
+    for t in readers:
+        t.start()
+    while metrics(port)["active"] < 2:
+        time.sleep(0.01)
+    os.kill(old, signal.SIGKILL)
+    for t in readers:
+        t.join(30)
+        assert not t.is_alive(), "a reader hung after the engine process died"
+    for i in range(2):
+        status, _, body = results[i]
+        assert status == 200 and b"the engine process exited" in body and b"data: [DONE]" not in body
+    states = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (not states or states[-1] != 200):
+        states.append(http(port, "GET", "/ready")[0])
+        time.sleep(0.1)
+    assert states[-1] == 200 and 503 in states  # not ready while the new one loads
+    status, _, body = http(port, "POST", "/complete", {"prompt": "Hi", "max_tokens": 5})
+    assert status == 200 and json.loads(body)["text"]
+    m = metrics(port)
+    assert m["engine_restarts"] == 1 and m["engine_pid"] != old and not alive(old)
+    assert engine_process.wait_line("engine process exited (code -9): starting a new one")
+
+
+def test_a_server_shut_down_leaves_no_engine_process(engine_process):
+    pid = metrics(engine_process.port)["engine_pid"]
+    assert engine_process.stop() == 0
+    deadline = time.monotonic() + 10
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(pid)
