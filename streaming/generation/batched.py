@@ -16,7 +16,8 @@ less than 16 batches of one; batch.py: the step itself). Between steps:
   keep-alive pings that say their place meanwhile), those with a reader before readerless
   resumable streams; past `max_waiting` waiting, a new request is refused (`refusal()`: the
   server's 503 with Retry-After, which a load balancer takes as "try another replica");
-- `call(fn)` runs a function on the engine's thread between steps (the model's loading).
+- `call(fn)` runs a function on the engine's thread between steps (the model's loading);
+  `after_step`, if given, runs there after every step.
 
 Alone, a request gives the same tokens as with the thread engine; in a batch, its logits can
 differ in the last bits (more rows change the shapes of the arithmetic), so a sampled text may
@@ -59,8 +60,10 @@ class BatchEngine:
         clock: Callable[[], float] = time.monotonic,
         max_waiting: int = MAX_WAITING,
         kv_memory: int = KV_MEMORY,
+        after_step: Callable[[], None] | None = None,
     ) -> None:
         self.max_batch, self.token_delay = max_batch, token_delay
+        self.after_step = after_step  # on this thread after each step (the engine process sends its pieces)
         self.clock = clock
         self.lock = threading.Condition()
         self.waiting = WaitingRoom(max_waiting)  # not yet admitted (from the event loop)
@@ -153,10 +156,12 @@ class BatchEngine:
                 with self.lock:
                     self.steps += 1
                     self.step_seconds += time.perf_counter() - t0
-                if self.token_delay:
-                    time.sleep(self.token_delay)
             except Exception as e:  # noqa: BLE001 - a failed step fails its requests, not the engine
                 self.batch.fail(e)
+            if self.after_step is not None:
+                self.after_step()
+            if self.token_delay:
+                time.sleep(self.token_delay)
 
 
 class BatchedJob(Job):

@@ -101,7 +101,10 @@ class EngineProcess:
 
     def handle(self, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
-        if kind == "metrics":
+        if kind == "batch":
+            for each in msg[1]:
+                self.handle(each)
+        elif kind == "metrics":
             self.snapshot.update(msg[1])
         elif kind == "ready":
             self.ready, said = True, msg[1]

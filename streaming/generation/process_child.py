@@ -4,12 +4,15 @@ vLLM V1 moved its scheduler and model (EngineCore) out of the API server's proce
 model's Python between kernels never waits for the GIL behind HTTP, SSE and JSON. `main` is that
 process: it loads the model, warms it (warm.py), and runs a BatchEngine exactly as the server's
 own `--engine batched` does; a request arrives as its prompt's ids and parameters, runs as a
-BatchedJob (its stop flag checked before every step, its text detokenized here) and goes back as
-messages on one pipe (process.py, the server's side, holds the other end):
+BatchedJob (its stop flag checked before every step, its text detokenized here), and what a step
+made (pieces with their ids, ends) goes back in one message from the engine's thread once the step
+is done (one send a step, not one a reader: measured below in the README) on one pipe (process.py,
+the server's side, holds the other end):
 
     server -> engine   ("submit", jid, ids, params, prior)   ("stop", jid, handed_off)
                        ("orphaned", jid, whether)   ("exit",)
     engine -> server   ("ready", said, context, facts)   ("failed", message)
+                       ("metrics", {...})   ("batch", [a step's messages]), each of them
                        ("piece", jid, text, ids, produced)   ("end", jid, reason, stopped_at, produced)
                        ("fail", jid, message, stopped_at, produced)   ("metrics", {...})
 
@@ -32,7 +35,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from streaming.generation.batched import BatchedJob, BatchEngine
-from streaming.generation.job import JobOptions, Stats
+from streaming.generation.job import Item, JobOptions, Stats
 from streaming.generation.policy import Fifo, Qoe
 from streaming.generation.warm import warm
 from streaming.model.choice import Choice
@@ -76,11 +79,15 @@ class Child:
             policy=settings.policy,
             max_waiting=settings.max_waiting,
             kv_memory=settings.kv_memory,
+            after_step=self.flush,
         )
         self.stats = Stats()
-        self.jobs: dict[int, BatchedJob] = {}
+        self.jobs: dict[int, ChildJob] = {}
         self.submitted = 0  # submit messages taken: the server counts those it sent and we have not seen
-        self.send_lock = threading.Lock()  # the loop and the receiving thread both send
+        self.send_lock = threading.Lock()  # the engine's thread and the loop both send
+        self.outbox: list[tuple[Any, ...]] = []  # the step's pieces and ends, sent in one message after it
+        self.out_lock = threading.Lock()
+        self.flush_lock = threading.Lock()
 
     async def run(self) -> None:
         self.loop = asyncio.get_running_loop()
@@ -96,13 +103,14 @@ class Child:
             return
         self.send(("ready", said, self.model.context(), self.model.facts()))
         while not self.closed.is_set():
+            self.flush()
             if self.jobs:
-                self.send_metrics()
+                self.send(("metrics", self.metrics()))
             try:
                 await asyncio.wait_for(self.closed.wait(), METRICS_EVERY)
             except asyncio.TimeoutError:  # (not TimeoutError before Python 3.11)
                 pass
-        for job in self.jobs.values():  # the server is gone: nobody reads
+        for job in list(self.jobs.values()):  # the server is gone: nobody reads
             job.stop.set()
 
     def load(self) -> str:
@@ -138,42 +146,59 @@ class Child:
         elif msg[0] == "submit":
             _, jid, ids, params, prior = msg
             self.submitted += 1
-            new = BatchedJob(self.engine, ids, params, self.settings.options, self.stats, prior)
-            self.jobs[jid] = new.start()
-            self.loop.create_task(self.pump(jid, new))
-        elif (job := self.jobs.get(msg[1])) is None:  # it has ended here already
+            job = self.jobs[jid] = ChildJob(self, jid, ids, params, self.settings.options, self.stats, prior)
+            job.start()  # (listed first: its end, on the engine's thread, takes it out)
+        elif (found := self.jobs.get(msg[1])) is None:  # it has ended here already
             return
         elif msg[0] == "stop":
-            job.handed_off = msg[2]
-            job.stop.set()
+            found.handed_off = msg[2]
+            found.stop.set()
         elif msg[0] == "orphaned":
-            job.orphaned = msg[2]
+            found.orphaned = msg[2]
 
-    async def pump(self, jid: int, job: BatchedJob) -> None:
-        """A job's pieces, end or failure, to the server."""
-        try:
-            while True:
-                item = await job.get()
-                if item is None:
-                    produced = await job.done
-                    self.send_metrics()  # before the end: a client that reads /metrics.json next sees this answer
-                    self.send(("end", jid, job.reason, job.stop.at, produced))
-                    return
-                if isinstance(item, BaseException):
-                    produced = await job.done
-                    self.send(("fail", jid, str(item) or type(item).__name__, job.stop.at, produced))
-                    return
-                self.send(("piece", jid, str(item), getattr(item, "ids", ()), job.produced))
-        finally:
-            self.jobs.pop(jid, None)
+    def post(self, job: ChildJob, item: Item) -> None:
+        """A job's piece, end or failure (on the engine's thread), into the step's outbox."""
+        if item is None:
+            msg: tuple[Any, ...] = ("end", job.jid, job.reason, job.stop.at, job.produced)
+        elif isinstance(item, BaseException):
+            msg = ("fail", job.jid, str(item) or type(item).__name__, job.stop.at, job.produced)
+        else:
+            msg = ("piece", job.jid, str(item), getattr(item, "ids", ()), job.produced)
+        if msg[0] != "piece":
+            self.jobs.pop(job.jid, None)
+        with self.out_lock:
+            self.outbox.append(msg)
 
-    def send_metrics(self) -> None:
+    def flush(self) -> None:
+        """After each step (on the engine's thread; and from the loop, for what ends between
+        steps): the outbox in one message, after the counts when an answer ended (a client that
+        reads /metrics.json after its answer sees it)."""
+        with self.flush_lock:  # two flushes at once (the loop's, the engine's) keep their order
+            with self.out_lock:
+                msgs, self.outbox = self.outbox, []
+            if msgs:
+                if any(m[0] != "piece" for m in msgs):
+                    msgs.insert(0, ("metrics", self.metrics()))
+                self.send(("batch", msgs))
+
+    def metrics(self) -> dict[str, Any]:
         m = self.engine.metrics()
         with self.engine.lock:  # the places of those waiting, in one pass
             order = [row.job for row in self.engine.waiting.rows]
-        jids = {id(job): jid for jid, job in self.jobs.items()}
+        jids = {id(job): jid for jid, job in list(self.jobs.items())}  # (the engine's thread pops ends)
         m["positions"] = {jids[id(job)]: k for k, job in enumerate(order) if id(job) in jids}
         m["refusal"] = self.engine.refusal()
         m["submitted"] = self.submitted
         m["engine_tokens_after_stop"] = self.stats.tokens_after_stop  # counted from when the stop arrived here
-        self.send(("metrics", m))
+        return m
+
+
+class ChildJob(BatchedJob):
+    """A BatchedJob whose pieces go to the server: into the step's outbox, not to a queue here."""
+
+    def __init__(self, child: Child, jid: int, *args: Any) -> None:
+        super().__init__(child.engine, *args)
+        self.child, self.jid = child, jid
+
+    def put(self, item: Item) -> None:
+        self.child.post(self, item)
