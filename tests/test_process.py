@@ -14,8 +14,8 @@ import threading
 import time
 
 import pytest
-from helpers import ServerProcess, connect, events, http, metrics, server_log, wait_for_log
-from test_resume import QUERY, complete_text, get, read_events, texts
+from helpers import ServerProcess, http, metrics, server_log, wait_for_log
+from test_resume import drop_and_resume
 from test_server import read_events_then_leave
 
 PROCESS = ("--engine", "process", "--token-delay", "0.02", "--ping", "0.2", "--max-batch", "2")
@@ -83,19 +83,7 @@ def test_a_request_beyond_max_batch_is_told_its_place(engine_process):
 
 
 def test_a_reader_who_drops_resumes_and_nothing_is_generated_twice(engine_process):
-    port = engine_process.port
-    before = len(server_log(port))
-    s = connect(port)
-    s.sendall(f"GET {QUERY} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
-    first, _ = read_events(s, 11)  # the stream's name and 10 pieces
-    s.close()  # the network blinks
-    time.sleep(0.3)
-    status, _, body = get(port, "/stream?prompt=ignored", [("Last-Event-ID", first[10].id)])
-    rest = events(body)
-    assert status == 200 and rest[-1].data == "[DONE]"
-    log = wait_for_log(port, before + 1)[before:]
-    assert texts(first[:11]) + texts(rest) == complete_text(port)
-    assert log[0] == ["/stream", 40, False]  # one generation, all 40 tokens, not stopped
+    drop_and_resume(engine_process.port)
 
 
 def test_a_killed_engine_process_is_an_error_to_every_reader_and_a_new_one_serves(engine_process):

@@ -88,7 +88,12 @@ def test_post_stream_stays_the_articles_without_ids(servers):
 
 
 def test_a_reader_who_drops_resumes_with_last_event_id_and_nothing_is_generated_twice(servers):
-    port = servers["resuming"].port
+    drop_and_resume(servers["resuming"].port)
+
+
+def drop_and_resume(port):
+    """A reader drops after 10 pieces and resumes: the rest follows, one generation in all (also
+    with --engine process: test_process.py)."""
     before = len(server_log(port))
     s = connect(port)
     s.sendall(f"GET {QUERY} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
