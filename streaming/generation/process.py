@@ -30,7 +30,7 @@ import threading
 from typing import Any
 
 from streaming.generation.job import Job, Piece, StopFlag
-from streaming.generation.process_child import EngineSettings
+from streaming.generation.process_child import EngineSettings, relay, send
 from streaming.generation.process_child import main as engine_main
 from streaming.model.loading import Model
 from streaming.wire.errors import ProtocolError
@@ -77,25 +77,15 @@ class EngineProcess:
 
     def receive(self, conn: Any, proc: Any) -> None:
         """The receiving thread: every message to the loop; end-of-file is the process's death."""
+        relay(conn, self.loop, self.handle)
+        proc.join(5)
         try:
-            while True:
-                msg = conn.recv()
-                self.loop.call_soon_threadsafe(self.handle, msg)
-        except (EOFError, OSError):
-            proc.join(5)
-            try:
-                self.loop.call_soon_threadsafe(self.died, proc, proc.exitcode)
-            except RuntimeError:  # the loop has closed: the server is gone
-                pass
-        except RuntimeError:
+            self.loop.call_soon_threadsafe(self.died, proc, proc.exitcode)
+        except RuntimeError:  # the loop has closed: the server is gone
             pass
 
     def send(self, msg: tuple[Any, ...]) -> None:
-        with self.send_lock:
-            try:
-                self.conn.send(msg)
-            except (OSError, ValueError):  # it died: died() fails its jobs
-                pass
+        send(self.conn, self.send_lock, msg)  # (to a dead one: dropped; died() fails its jobs)
 
     # --- on the loop ---------------------------------------------------------------------------
 
@@ -163,7 +153,6 @@ class EngineProcess:
                 message, 503, close_code=1011, kind="engine_restarting", headers=[("Retry-After", str(RESTART_RETRY))]
             )
         )
-        self.jobs[job.jid] = job
         self.release(job)
 
     def submit(self, job: ProcessJob) -> None:

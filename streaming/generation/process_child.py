@@ -14,7 +14,7 @@ the server's side, holds the other end):
     engine -> server   ("ready", said, context, facts)   ("failed", message)
                        ("metrics", {...})   ("batch", [a step's messages]), each of them
                        ("piece", jid, text, ids, produced)   ("end", jid, reason, stopped_at, produced)
-                       ("fail", jid, message, stopped_at, produced)   ("metrics", {...})
+                       ("fail", jid, message, stopped_at, produced)   ("metrics", {...}) first if one ended
 
 A receiving thread reads the pipe and hands each message to this process's event loop, so a stop
 reaches the engine thread between two of its steps, as in one process. The pipe's end is the
@@ -30,6 +30,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -55,6 +56,26 @@ class EngineSettings:
     prefill_chunk: int
     max_waiting: int
     kv_memory: int
+
+
+def relay(conn: Connection, loop: asyncio.AbstractEventLoop, handle: Callable[[Any], None]) -> None:
+    """A receiving thread's loop, on both sides of the pipe: every message to `handle` on `loop`,
+    in order, until end-of-file (or until the loop has closed)."""
+    try:
+        while True:
+            loop.call_soon_threadsafe(handle, conn.recv())
+    except (EOFError, OSError, RuntimeError):
+        return
+
+
+def send(conn: Connection, lock: threading.Lock, msg: tuple[Any, ...]) -> None:
+    """Send from any thread, on both sides; a pipe whose other side is gone drops it (its
+    receiving thread has seen the end and says so)."""
+    with lock:
+        try:
+            conn.send(msg)
+        except (OSError, ValueError):
+            pass
 
 
 def main(conn: Connection, settings: EngineSettings) -> None:
@@ -125,20 +146,15 @@ class Child:
     # --- the pipe ------------------------------------------------------------------------------
 
     def receive(self) -> None:
-        """The receiving thread: every message to the loop, in order; end-of-file ends the process."""
+        """The receiving thread: every message to the loop; end-of-file (the server is gone) ends us."""
+        relay(self.conn, self.loop, self.handle)
         try:
-            while True:
-                msg = self.conn.recv()
-                self.loop.call_soon_threadsafe(self.handle, msg)
-        except (EOFError, OSError):
             self.loop.call_soon_threadsafe(self.closed.set)
+        except RuntimeError:  # the loop has closed already
+            pass
 
     def send(self, msg: tuple[Any, ...]) -> None:
-        with self.send_lock:
-            try:
-                self.conn.send(msg)
-            except (OSError, ValueError):  # the server is gone: receive() ends us
-                pass
+        send(self.conn, self.send_lock, msg)
 
     def handle(self, msg: tuple[Any, ...]) -> None:
         if msg[0] == "exit":
@@ -189,7 +205,6 @@ class Child:
         m["positions"] = {jids[id(job)]: k for k, job in enumerate(order) if id(job) in jids}
         m["refusal"] = self.engine.refusal()
         m["submitted"] = self.submitted
-        m["engine_tokens_after_stop"] = self.stats.tokens_after_stop  # counted from when the stop arrived here
         return m
 
 
