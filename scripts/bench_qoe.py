@@ -66,6 +66,7 @@ BURSTS = [8, 16, 32, 48]
 SECONDS = 60.0  # of arrivals at each rate
 QUICK = {"rates": [0.35], "bursts": [16], "seconds": 20.0}
 IDLE_SECONDS = 3.0  # how long each server's idle CPU is measured before the loads
+TICK = os.sysconf("SC_CLK_TCK")  # /proc's CPU ticks a second
 SETTLE_WINDOW, SETTLE_MAX = 0.5, 30.0  # before each run: every server quiet for a window (waited for at most)
 PEER_EOS = 151900  # a padding row of the Qwen2.5 vocabulary: never sampled, so the peer runs to max_new_tokens
 CONFIGS = {  # this server's settings to compare: name -> options
@@ -195,10 +196,39 @@ def single_rate(result) -> float | None:
     return (tokens - 1) / streamed if streamed else None
 
 
-def cpu_ticks(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
+def stat_ticks(path: str) -> int:
+    """utime + stime of a /proc stat file (a process's covers all its threads); 0 once it is gone."""
+    try:
+        with open(path) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
     return int(fields[11]) + int(fields[12])
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (an engine process, `--engine process`)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        out.append(int(entry))
+            except (OSError, ValueError, IndexError):
+                continue
+    return out
+
+
+def cpu_ticks(pid: int) -> int:
+    """CPU ticks of a server and its child processes (an engine process works there)."""
+    return stat_ticks(f"/proc/{pid}/stat") + sum(stat_ticks(f"/proc/{c}/stat") for c in children(pid))
+
+
+def loop_ticks(pid: int) -> int:
+    """CPU ticks of a server's main thread: this server's event loop (the engine has threads, or a
+    process, of its own)."""
+    return stat_ticks(f"/proc/{pid}/task/{pid}/stat")
 
 
 def ticks_over(servers: dict, seconds: float) -> dict:
@@ -284,9 +314,11 @@ def run(args, servers: dict, tok) -> dict:
         for name in names if i % 2 == 0 else names[::-1]:  # each load on one then the other, alternating
             s = servers[name]
             waited = settle(servers)
-            before = engine_counts(s)
+            before, pid = engine_counts(s), s["process"].proc.pid
+            cpu0, loop0 = cpu_ticks(pid), loop_ticks(pid)
             results, wall = asyncio.run(drive(s["port"], requests, s["ours"], s["model"]))
             f = figures(requests, results, wall, tok) | {"settle_s": round(waited, 1)}
+            f["cpu_s"], f["loop_cpu_s"] = ((cpu_ticks(pid) - cpu0) / TICK, (loop_ticks(pid) - loop0) / TICK)
             if kind == "single":
                 f["single_tokens_per_s"] = single_rate(results[0])
                 f |= lone_step(before, engine_counts(s), f["single_tokens_per_s"])
@@ -304,6 +336,12 @@ def run(args, servers: dict, tok) -> dict:
                 ),
                 flush=True,
             )
+            if s["ours"] and f["cpu_s"]:  # what the event loop took of the server's CPU (issue 22 §2)
+                print(
+                    f"  {'':20s} {'':32s} CPU {f['cpu_s']:.1f} s, of it the event loop's {f['loop_cpu_s']:.2f} s"
+                    f" ({100 * f['loop_cpu_s'] / f['cpu_s']:.1f}%)",
+                    flush=True,
+                )
             if f.get("step_ms"):
                 print(
                     f"  {'':20s} {'':32s} the model's step {f['step_ms']:.1f} ms (forward {f['forward_ms']:.1f}),"
