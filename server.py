@@ -19,7 +19,6 @@ formats on the wire; the README's Layout lists every module).
 import argparse
 import asyncio
 import sys
-import time
 
 import lm
 from streaming.generation.backend import ENGINES
@@ -27,6 +26,7 @@ from streaming.generation.batched import MAX_BATCH, MAX_WAITING, PREFILL_CHUNK
 from streaming.generation.kv import KV_MEMORY
 from streaming.generation.policy import PREFILL_BUDGET, SCHEDULES
 from streaming.generation.upstream.pool import FIRST_TEXT, SILENCE, Upstream
+from streaming.model.loading import load_and_say
 from streaming.server.answer import LOG_KEEP
 from streaming.server.config import (
     BACKLOG,
@@ -238,23 +238,10 @@ def config_of(args):
 
 def load():
     """Load and warm up the model (in a thread, while the server already answers /ready)."""
-    t0 = time.perf_counter()
-    try:
-        from huggingface_hub.utils import logging as hub_logging
-
-        hub_logging.set_verbosity_error()  # a hub id offline: one line at the end, not five retry warnings
-        lm.model()
-    except lm.ModelError:
-        raise
-    except Exception as e:  # noqa: BLE001 - transformers' many ways to fail (offline hub, bad folder): one line
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise lm.ModelError(f"could not load the model {lm.model_name()}: {first}") from None
+    said = load_and_say(lm.handle())
     for _ in lm.tokens("Hello", 2):  # warm up, so the first request's time to first text is honest
         pass
-    dtype = str(lm.dtype()).removeprefix("torch.")
-    dtype += f", {lm.quantization()} Linear layers" if lm.quantization() != "none" else ""
-    took = time.perf_counter() - t0
-    return f"model {lm.model_name()} on {lm.DEVICE} in {dtype}, ready in {took:.1f} s; kernels: {lm.kernels()}"
+    return said
 
 
 def main(argv=None):

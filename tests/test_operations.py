@@ -111,8 +111,18 @@ def test_ready_is_503_while_the_model_loads_and_while_draining():
         (["server.py", "--model", "/nowhere/x.gguf"], "no such .gguf file"),
         (["server.py", "--model", "tiny", "--device", "cuda"], "--device cuda"),
         (["client.py", "measure", "--port", "9", "--prompts", "1"], "no server ready at 127.0.0.1:9"),
+        # a folder that holds no model: one line, whichever process loads it (loading.load_and_say)
+        (["server.py", "--model", "tests"], "could not load the model tests: "),
+        (["server.py", "--model", "tests", "--engine", "process"], "could not load the model tests: "),
     ],
-    ids=["unknown model", "missing gguf", "cuda on cpu", "measure without a server"],
+    ids=[
+        "unknown model",
+        "missing gguf",
+        "cuda on cpu",
+        "measure without a server",
+        "not a model folder",
+        "not a model folder, engine process",
+    ],
 )
 def test_a_command_line_mistake_is_one_line_and_a_nonzero_exit(argv, says):
     env = {"PATH": "/usr/bin:/bin"}

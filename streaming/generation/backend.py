@@ -29,7 +29,7 @@ from streaming.generation.batched import MAX_BATCH, MAX_WAITING, PREFILL_CHUNK, 
 from streaming.generation.free import FreeJob
 from streaming.generation.job import Job, JobOptions, Stats
 from streaming.generation.kv import KV_MEMORY
-from streaming.generation.policy import PREFILL_BUDGET, Fifo, Qoe
+from streaming.generation.policy import Fifo, Qoe
 from streaming.generation.process import EngineProcess, ProcessJob
 from streaming.generation.process_child import EngineSettings
 from streaming.generation.prompts import Prompt
@@ -37,7 +37,7 @@ from streaming.generation.thread import ThreadJob
 from streaming.generation.upstream.pool import Pool
 from streaming.generation.upstream.relay import UpstreamJob
 from streaming.generation.warm import warm
-from streaming.model.loading import Model
+from streaming.model.loading import Model, in_one_line
 from streaming.wire.errors import ProtocolError
 from streaming.wire.params import GenerationParams
 
@@ -114,7 +114,7 @@ class Backend:
                 EngineSettings(
                     model.choice,
                     self.options,
-                    policy or Fifo(PREFILL_BUDGET),
+                    policy or Fifo(),
                     max_batch,
                     prefill_chunk,
                     max_waiting,
@@ -139,7 +139,8 @@ class Backend:
         if self.process is not None:
             model = self.model
             assert model is not None  # its tokenizer encodes the prompts here: loaded meanwhile
-            said, _ = await asyncio.gather(self.process.start(), asyncio.to_thread(lambda: model.tokenizer))
+            tokenizer = asyncio.to_thread(in_one_line, model, lambda: model.tokenizer)
+            said, _ = await asyncio.gather(self.process.start(), tokenizer)
         elif self.batch is not None:  # in the engine's thread, where its steps will run
             said = await asyncio.wrap_future(self.batch.call(load))
             assert self.model is not None

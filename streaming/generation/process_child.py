@@ -40,7 +40,7 @@ from streaming.generation.job import Item, JobOptions, Stats
 from streaming.generation.policy import Fifo, Qoe
 from streaming.generation.warm import warm
 from streaming.model.choice import Choice
-from streaming.model.loading import Model
+from streaming.model.loading import Model, load_and_say
 
 METRICS_EVERY = 0.25  # seconds between the engine's counts sent while it has work (/metrics.json's age)
 
@@ -136,12 +136,7 @@ class Child:
 
     def load(self) -> str:
         """On the engine's thread (its kernels run faster where they were loaded and timed)."""
-        t0 = time.perf_counter()
-        self.model.net  # noqa: B018 - loads it
-        facts = self.model.facts()
-        mode = f", {facts['quantize']} Linear layers" if facts["quantize"] != "none" else ""
-        took = time.perf_counter() - t0
-        return f"model {facts['model']} on {facts['device']} in {facts['dtype']}{mode}, ready in {took:.1f} s (engine process)"
+        return load_and_say(self.model, " (engine process)")
 
     # --- the pipe ------------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ import inspect
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +103,35 @@ class Model:
 
     def served_name(self) -> str:
         return served_name(self.choice.model)
+
+
+def load_and_say(model: Model, where: str = "") -> str:
+    """Load the network and say what was loaded, in the line the server prints and its launcher
+    waits for ('model ... ready in 2.2 s; kernels: ...'): the same whether the server or its
+    engine process (`where`) loaded it."""
+    t0 = time.perf_counter()
+    net = in_one_line(model, lambda: model.net)
+    took = time.perf_counter() - t0
+    facts = model.facts()
+    dtype = facts["dtype"] + (f", {facts['quantize']} Linear layers" if facts["quantize"] != "none" else "")
+    tables = getattr(net, "kernel_tables", None)
+    chosen = kernels.describe(tables) if tables else "F.linear at every row count"
+    return f"model {facts['model']} on {facts['device']} in {dtype}, ready in {took:.1f} s{where}; kernels: {chosen}"
+
+
+def in_one_line(model: Model, load: Callable[[], Any]) -> Any:
+    """`load()` (the model's network or tokenizer), any failure a ModelError of one line: the
+    server prints it and exits, whichever process loaded what."""
+    try:
+        from huggingface_hub.utils import logging as hub_logging
+
+        hub_logging.set_verbosity_error()  # a hub id offline: one line at the end, not five retry warnings
+        return load()
+    except ModelError:
+        raise
+    except Exception as e:  # noqa: BLE001 - transformers' many ways to fail (offline hub, bad folder): one line
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelError(f"could not load the model {model.choice.model}: {first}") from None
 
 
 def load_tokenizer(choice: Choice) -> Any:
