@@ -475,17 +475,8 @@ def engine_parts(lm, out):
     with half the rows sitting out (what the qoe schedule's steps cost when readers are ahead), then
     a step in which JOINING chat prompts join the running rows (their prefill rides in the same
     pass); per step, the milliseconds of each part (streaming/generation/parts.py)."""
-    import torch
-
-    from streaming.generation.batch import Row
-    from streaming.generation.batched import BatchedJob, BatchEngine
-    from streaming.generation.policy import Fifo, Plan
     from streaming.generation.prompts import encode_chat
     from streaming.wire.params import plain_request
-
-    class Half(Fifo):
-        def plan(self, rows, now, joining=None, costs=None, waiting=None):  # noqa: ARG002 - as Fifo.plan
-            return Plan(list(range(0, len(rows), 2)), self.budget)
 
     ids = (lm.tok(" ".join(PROMPTS)).input_ids * 4)[:PARTS_CONTEXT]
     params = plain_request({"prompt": "x", "max_tokens": 4000, "ignore_eos": True}).params
@@ -497,44 +488,8 @@ def engine_parts(lm, out):
         f" | {JOINING} prompts join ({sum(map(len, chats))} tokens): step",
         flush=True,
     )
-
-    def admit(e, prompts):
-        jobs = [BatchedJob(e, p, params) for p in prompts]
-        for job in jobs:
-            job.stats.active.add(job)
-            e.waiting.append(Row(job, 0.0))
-        e.batch.admit(e.max_batch + len(prompts))
-        return jobs
-
-    async def run(b):
-        e = BatchEngine(lm.handle(), max_batch=b, policy=Fifo(PARTS_CONTEXT * b))
-        jobs = admit(e, [ids] * b)
-        with torch.inference_mode():
-            while e.batch.joining:
-                e.batch.step()
-            timed = {}
-            for name, policy in (("all", Fifo(0)), ("half", Half(0))):
-                e.batch.policy = policy
-                e.batch.parts.reset()
-                t0 = time.perf_counter()
-                for _ in range(PARTS_STEPS):
-                    e.batch.step()
-                step = 1000 * (time.perf_counter() - t0) / PARTS_STEPS
-                timed[name] = {"step": step, **{k: 1000 * v / PARTS_STEPS for k, v in e.batch.parts.snapshot().items()}}
-            e.batch.policy = Fifo(10_000)
-            jobs += admit(e, [chats[0], chats[0]])  # the chat template's shared beginning, learned once
-            e.batch.step()
-            jobs += admit(e, chats)
-            e.batch.parts.reset()
-            t0 = time.perf_counter()
-            e.batch.step()
-            timed["join"] = {"step": 1000 * (time.perf_counter() - t0), **e.batch.parts.snapshot()}
-        for job in jobs:
-            job.stop.set()
-        return timed
-
     for b in (1, 2, 4, 8, 16, 32, 64):
-        t = asyncio.run(run(b))
+        t = asyncio.run(parts_at(lm, b, ids, chats, params))
         result[b] = t
         a, h = t["all"], t["half"]
         print(
@@ -543,6 +498,57 @@ def engine_parts(lm, out):
             flush=True,
         )
     return result
+
+
+async def parts_at(lm, b, ids, chats, params):
+    """engine_parts at b rows: each kind of step's milliseconds, in all and by part."""
+    import torch
+
+    from streaming.generation.batched import BatchEngine
+    from streaming.generation.policy import Fifo, Plan
+
+    class Half(Fifo):
+        def plan(self, rows, now, joining=None, costs=None, waiting=None):  # noqa: ARG002 - as Fifo.plan
+            return Plan(list(range(0, len(rows), 2)), self.budget)
+
+    e = BatchEngine(lm.handle(), max_batch=b, policy=Fifo(PARTS_CONTEXT * b))
+    jobs = admit(e, [ids] * b, params)
+    with torch.inference_mode():
+        while e.batch.joining:
+            e.batch.step()
+        timed = {}
+        for name, policy in (("all", Fifo(0)), ("half", Half(0))):
+            e.batch.policy = policy
+            e.batch.parts.reset()
+            t0 = time.perf_counter()
+            for _ in range(PARTS_STEPS):
+                e.batch.step()
+            step = 1000 * (time.perf_counter() - t0) / PARTS_STEPS
+            timed[name] = {"step": step, **{k: 1000 * v / PARTS_STEPS for k, v in e.batch.parts.snapshot().items()}}
+        e.batch.policy = Fifo(10_000)
+        jobs += admit(e, [chats[0], chats[0]], params)  # the chat template's shared beginning, learned once
+        e.batch.step()
+        jobs += admit(e, chats, params)
+        e.batch.parts.reset()
+        t0 = time.perf_counter()
+        e.batch.step()
+        timed["join"] = {"step": 1000 * (time.perf_counter() - t0), **e.batch.parts.snapshot()}
+    for job in jobs:
+        job.stop.set()
+    return timed
+
+
+def admit(e, prompts, params):
+    """Requests for these prompts, placed in the engine's batch by hand (no thread runs it)."""
+    from streaming.generation.batch import Row
+    from streaming.generation.batched import BatchedJob
+
+    jobs = [BatchedJob(e, p, params) for p in prompts]
+    for job in jobs:
+        job.stats.active.add(job)
+        e.waiting.append(Row(job, 0.0))
+    e.batch.admit(e.max_batch + len(prompts))
+    return jobs
 
 
 def main(argv=None):

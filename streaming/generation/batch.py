@@ -207,13 +207,7 @@ class Batch:
                 [o.length for o in self.kv.owners],
             )
             self.kv.fit(len(self.kv), layout.room())
-        ids = [r.next for r in run] + [t for r, n in pieces for t in r.ids[r.filled : r.filled + n]]
-        positions = [r.length for r in run] + [p for r, n in pieces for p in range(r.filled, r.filled + n)]
-        joined, keep = [], list(range(len(run)))  # the logits wanted: each decode token's, each joined prompt's last
-        for (r, n), (*_, offset, _) in zip(pieces, layout.pieces, strict=True):
-            if r.filled + n == len(r.ids):
-                joined.append(r)
-                keep.append(offset + n - 1)
+        ids, positions, keep, joined = flat_inputs(run, pieces, layout)
         self.kv.layout = layout
         with self.parts.timed("forward"):
             out = m(
@@ -276,3 +270,19 @@ class Batch:
             for r in gone:
                 self.kv.release(r)
         self.rows = [r for r in self.rows if not r.done]
+
+
+def flat_inputs(
+    run: list[Row], pieces: list[tuple[Row, int]], layout: Layout
+) -> tuple[list[int], list[int], list[int], list[Row]]:
+    """The step's flat sequence: its token ids and their positions (each running row's next token,
+    then the prompt pieces), the places whose logits are wanted (each decode token's, and each
+    prompt's last token where this piece ends it) and the rows whose prompt this step completes."""
+    ids = [r.next for r in run] + [t for r, n in pieces for t in r.ids[r.filled : r.filled + n]]
+    positions = [r.length for r in run] + [p for r, n in pieces for p in range(r.filled, r.filled + n)]
+    joined, keep = [], list(range(len(run)))
+    for (r, n), (*_, offset, _) in zip(pieces, layout.pieces, strict=True):
+        if r.filled + n == len(r.ids):
+            joined.append(r)
+            keep.append(offset + n - 1)
+    return ids, positions, keep, joined  # type: ignore[return-value]

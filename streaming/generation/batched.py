@@ -41,7 +41,7 @@ import torch
 from streaming.generation.batch import Batch, Row
 from streaming.generation.job import Job
 from streaming.generation.kv import KV_MEMORY
-from streaming.generation.policy import PREFILL_BUDGET, Fifo, Qoe
+from streaming.generation.policy import Fifo, Qoe
 from streaming.generation.waiting import MAX_WAITING, WaitingRoom
 from streaming.model.loading import Model
 
@@ -67,9 +67,7 @@ class BatchEngine:
         self.clock = clock
         self.lock = threading.Condition()
         self.waiting = WaitingRoom(max_waiting)  # not yet admitted (from the event loop)
-        self.batch = Batch(
-            model, prefill_chunk, policy or Fifo(PREFILL_BUDGET), clock, self.waiting, self.lock, kv_memory
-        )
+        self.batch = Batch(model, prefill_chunk, policy or Fifo(), clock, self.waiting, self.lock, kv_memory)
         self.steps = 0
         self.step_seconds = 0.0
         self.thread: threading.Thread | None = None
