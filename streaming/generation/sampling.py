@@ -30,6 +30,9 @@ CHUNK = {64: 128, 1024: 8}
 # bucket; buckets are in the order of the probabilities they hold, each within 1% of itself.
 BUCKET_SHIFT = 16
 BUCKETS = 1 << 15  # the bucket numbers of non-negative float32 values (the sign bit is 0)
+# broad_nucleus sums probabilities in float64 (a nucleus's edge is decided to the last bit of p),
+# but MPS has no float64: there in float32
+SUM_DTYPE = {"mps": torch.float32}
 # Rows sampled together: 8 rows of float32 probabilities over Qwen's vocabulary are 4.9 MB, which
 # stay in the cache; all 64 at once (39 MB, allocated afresh) took 71 ms against 16 in blocks of 8
 # here (top_p 1), 125 against 78 (top_p 0.9, random logits).
@@ -230,15 +233,16 @@ def broad_nucleus(probs: torch.Tensor, p: float) -> torch.Tensor:
     broad_pick's draw over the nucleus in vocabulary order has the same distribution as over it
     sorted, a different token for the same u (each row's tokens depend on its own logits and draw
     alone, as before)."""
+    wide = SUM_DTYPE.get(probs.device.type, torch.float64)
     bits = probs.view(torch.int32) >> BUCKET_SHIFT  # non-negative floats' bits are in their order
-    mass = torch.bincount(bits, weights=probs.to(torch.float64), minlength=BUCKETS)
+    mass = torch.bincount(bits, weights=probs.to(wide), minlength=BUCKETS)
     from_top = torch.cumsum(mass.flip(0), 0)
-    k = min(int(torch.searchsorted(from_top, torch.tensor([p], dtype=torch.float64))), BUCKETS - 1)
+    k = min(int(torch.searchsorted(from_top, torch.tensor([p], dtype=wide, device=probs.device))), BUCKETS - 1)
     edge = BUCKETS - 1 - k  # the bucket the nucleus ends in
     above = float(from_top[k] - mass[edge])  # the mass of the buckets above it: less than p
     inside = torch.nonzero(bits == edge).flatten()
     values, order = torch.sort(probs[inside], descending=True, stable=True)
-    before = above + torch.cumsum(values.to(torch.float64), 0) - values.to(torch.float64)
+    before = above + torch.cumsum(values.to(wide), 0) - values.to(wide)
     kept = torch.where(bits > edge, probs, torch.zeros((), dtype=probs.dtype))
     stays = inside[order[before < p]]
     kept[stays] = probs[stays]
