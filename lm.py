@@ -27,7 +27,6 @@ from typing import Any
 
 from streaming.generation import thread
 from streaming.model.choice import DTYPES, NAMED, QUANTIZE, Choice, ModelError, add_arguments
-from streaming.model.kernels import describe
 from streaming.model.loading import Model, forward_kwargs
 from streaming.wire.params import GenerationParams
 
@@ -128,12 +127,6 @@ def model_name() -> str:
 
 def quantization() -> str:
     return _model.choice.quantization()
-
-
-def kernels() -> str:
-    """Which product the Linear layers run where (streaming/model/kernels.py), in a line."""
-    tables = getattr(_model.net, "kernel_tables", None)
-    return describe(tables) if tables else "F.linear at every row count"
 
 
 def served_name() -> str:

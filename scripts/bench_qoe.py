@@ -196,28 +196,28 @@ def single_rate(result) -> float | None:
     return (tokens - 1) / streamed if streamed else None
 
 
-def stat_ticks(path: str) -> int:
-    """utime + stime of a /proc stat file (a process's covers all its threads); 0 once it is gone."""
+def stat_fields(path: str) -> list[str]:
+    """The fields of a /proc stat file after the command's name (state, ppid, ...); [] once it is gone."""
     try:
         with open(path) as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0
-    return int(fields[11]) + int(fields[12])
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def stat_ticks(path: str) -> int:
+    """utime + stime of a /proc stat file (a process's covers all its threads); 0 once it is gone."""
+    fields = stat_fields(path)
+    return int(fields[11]) + int(fields[12]) if fields else 0
 
 
 def children(pid: int) -> list[int]:
     """The processes whose parent is `pid` (an engine process, `--engine process`)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        out.append(int(entry))
-            except (OSError, ValueError, IndexError):
-                continue
-    return out
+    return [
+        int(entry)
+        for entry in os.listdir("/proc")
+        if entry.isdigit() and (fields := stat_fields(f"/proc/{entry}/stat")) and int(fields[1]) == pid
+    ]
 
 
 def cpu_ticks(pid: int) -> int:

@@ -185,7 +185,7 @@ def load_net(choice: Choice, tokenizer: Any) -> Any:
         kernels.wrap(m)  # the layers quantize left dense (all of them unquantized, or int4's odd shapes)
         t0 = time.perf_counter()
         tables = kernels.measure(m, bundled.CACHE, step=lambda n: whole_pass(m, n))
-        setattr(m, "kernel_tables", tables)  # noqa: B010 - on the network: Model.facts and lm.kernels read it
+        setattr(m, "kernel_tables", tables)  # noqa: B010 - on the network: Model.facts and load_and_say read it
         log.info("kernels chosen in %.1f s: %s", time.perf_counter() - t0, kernels.describe(tables))
     return m
 
