@@ -401,10 +401,11 @@ def profile(args):
     import lm
     from streaming.model import kernels
 
-    lm.configure(model=args.model, dtype=args.dtype, kernels="measure")
+    lm.configure(model=args.model, device=args.device, dtype=args.dtype, kernels="measure")
     m = lm.model()
     ids = lm.tok(PROMPTS[0]).input_ids[:64]
     out = {"model": lm.model_name(), "dtype": str(lm.dtype()).removeprefix("torch."), "step_ms": {}, "linear_ms": {}}
+    out["device"] = str(m.device)
     out["quantize"] = lm.quantization()  # LM_QUANTIZE=int8 profiles the quantized kernels
     out["kernels"] = getattr(m, "kernel_tables", None)
     layers = [x for x in m.modules() if isinstance(x, kernels.ChosenLinear)]
@@ -433,11 +434,18 @@ def profile(args):
         layer.fixed = None
     out["engine_parts_ms"] = engine_parts(lm, out)
     c = batch_cache(m, ids, 16)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if m.device.type == "cuda":  # the kernels' own time too: on a GPU the CPU's time is the launches
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
         decode_step(m, c, 16)
     table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=8)
     print("batch 16, top operators by their own CPU time:\n" + table, flush=True)
     out["top_ops_batch16"] = table
+    if m.device.type == "cuda":
+        table = prof.key_averages().table(sort_by="self_device_time_total", row_limit=8)
+        print("batch 16, top kernels by their own GPU time:\n" + table, flush=True)
+        out["top_kernels_batch16"] = table
     client.save(Path(args.results) / "profile.json", out)
     return out
 
@@ -449,18 +457,21 @@ def batch_cache(m, ids, b):
 
     c = DynamicCache(config=m.config)
     with torch.inference_mode():
-        m(input_ids=torch.tensor([ids]), cache=c, use_cache=True, logits_to_keep=1)
+        m(input_ids=torch.tensor([ids], device=m.device), cache=c, use_cache=True, logits_to_keep=1)
     for layer in c.layers:
         layer.keys, layer.values = layer.keys.repeat(b, 1, 1, 1), layer.values.repeat(b, 1, 1, 1)
     return c
 
 
 def decode_step(m, c, b):
-    """One decode step of b rows over the cache c."""
+    """One decode step of b rows over the cache c, finished (a GPU's kernels run after the call
+    returns: waited for, or the timings would be the launches')."""
     import torch
 
     with torch.inference_mode():
-        m(input_ids=torch.full((b, 1), 100), cache=c, use_cache=True, logits_to_keep=1)
+        m(input_ids=torch.full((b, 1), 100, device=m.device), cache=c, use_cache=True, logits_to_keep=1)
+    if m.device.type == "cuda":
+        torch.cuda.synchronize()
 
 
 STEP_ROUNDS = 4  # profile: decode steps timed per kernel choice and batch size (after one to warm up)
@@ -566,6 +577,7 @@ def main(argv=None):
         help="qoe, guidellm, merging: see scripts/bench_qoe.py, bench_guidellm.py, bench_merging.py",
     )
     p.add_argument("--model", default=os.environ.get("LM_MODEL", "bundled"))
+    p.add_argument("--device", default=None, help="profile: cuda, mps or cpu (default: the best found)")
     p.add_argument(
         "--dtype",
         default=None,

@@ -243,12 +243,12 @@ def idle_cpu(servers: dict) -> dict:
     return ticks_over(servers, IDLE_SECONDS)
 
 
-def settle(servers: dict) -> float:
+def settle(servers: dict, most: float = SETTLE_MAX) -> float:
     """Wait until no server uses CPU (at most 1 tick in SETTLE_WINDOW), so that a run never shares
     the cores with the previous run's leftovers (a server still finishing, freeing or compiling);
-    the seconds waited (SETTLE_MAX at most: then the run goes ahead and the wait says so)."""
+    the seconds waited (`most` at most: then the run goes ahead and the wait says so)."""
     t0 = time.monotonic()
-    while time.monotonic() - t0 < SETTLE_MAX:
+    while time.monotonic() - t0 < most:
         if max(ticks_over(servers, SETTLE_WINDOW).values()) <= 1:
             break
     return time.monotonic() - t0 - SETTLE_WINDOW
@@ -262,12 +262,15 @@ def start(args) -> dict:
         # --dtype only where asked: a server left to choose runs its own defaults (fp16 weights on a
         # CPU without native bfloat16, choice.default_quantize); the peer always gets args.dtype
         dtype = ["--dtype", args.dtype] if args.dtype_asked else []
-        p = Server(name, "--model", args.model, *dtype, "--port", "0", *CONFIGS[config])
+        device = ["--device", args.device] if args.device else []
+        p = Server(
+            name, "--model", args.model, *dtype, *device, "--port", "0", *CONFIGS[config], *args.server_args.split()
+        )
         servers[name] = {"process": p, "ours": True, "model": None}
     if args.peer:
         folder = bundled_folder() if args.model == "bundled" else Path(args.model)
         try:
-            peer = start_peer(folder, args.dtype)
+            peer = start_peer(folder, args.dtype, lm_device(args))
             servers[PEER] = {"process": peer, "ours": False, "model": str(folder)}
         except (RuntimeError, TimeoutError, FileNotFoundError) as e:
             print(f"{PEER}: could not start ({e})", flush=True)
@@ -279,6 +282,13 @@ def start(args) -> dict:
             m = asyncio.run(client.get_json("/metrics.json", "127.0.0.1", s["port"]))
             print(f"{name}: {m.get('dtype')}, --quantize {m.get('quantize')}", flush=True)
     return servers
+
+
+def lm_device(args) -> str:
+    """The device every server runs on: --device, else the best this machine has."""
+    from streaming.model.choice import best_device
+
+    return args.device or best_device()
 
 
 def stop(servers: dict) -> None:
@@ -313,7 +323,7 @@ def run(args, servers: dict, tok) -> dict:
         requests = workload(kind, x, args.seconds, seed=int(100 * x) + 1)
         for name in names if i % 2 == 0 else names[::-1]:  # each load on one then the other, alternating
             s = servers[name]
-            waited = settle(servers)
+            waited = settle(servers, args.settle)
             before, pid = engine_counts(s), s["process"].proc.pid
             cpu0, loop0 = cpu_ticks(pid), loop_ticks(pid)
             results, wall = asyncio.run(drive(s["port"], requests, s["ours"], s["model"]))
@@ -526,6 +536,16 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=os.environ.get("LM_MODEL", "bundled"))
     p.add_argument("--dtype", default=None, help="the same for every server (default: the project's)")
+    p.add_argument(
+        "--device", default=None, help="cuda, mps or cpu, the same for every server (default: the best found)"
+    )
+    p.add_argument(
+        "--settle",
+        type=float,
+        default=SETTLE_MAX,
+        help="seconds to wait at most for quiet servers before each run (a GPU server's idle threads may spin)",
+    )
+    p.add_argument("--server-args", default="", help="more options for this server, as one string ('--max-batch 256')")
     p.add_argument("--quick", action="store_true", help=f"fewer loads: {QUICK}")
     p.add_argument("--rates", default=",".join(map(str, RATES)), help="Poisson arrival rates, requests a second")
     p.add_argument("--bursts", default=",".join(map(str, BURSTS)), help="burst sizes")
@@ -537,13 +557,19 @@ def main(argv=None):
     args.rates = QUICK["rates"] if args.quick else [float(x) for x in args.rates.split(",") if x]
     args.bursts = QUICK["bursts"] if args.quick else [int(x) for x in args.bursts.split(",") if x]
     args.seconds = QUICK["seconds"] if args.quick else args.seconds
-    lm.configure(model=args.model)
+    lm.configure(model=args.model, device=args.device)
     args.dtype_asked = args.dtype is not None
     args.dtype = args.dtype or str(lm.dtype()).removeprefix("torch.")
     if args.peer and args.model in lm.NAMED[1:]:
         print(f"the peer is skipped: --model {args.model} lives only in this project's processes", flush=True)
         args.peer = False
-    out = {"model": args.model, "dtype": args.dtype, "lengths": LENGTHS, "burst_tokens": BURST_TOKENS}
+    out = {
+        "model": args.model,
+        "device": lm_device(args),
+        "dtype": args.dtype,
+        "lengths": LENGTHS,
+        "burst_tokens": BURST_TOKENS,
+    }
     out |= {"seconds": args.seconds, "peer_eos": PEER_EOS, "interleaved": True}
     servers = start(args)
     try:

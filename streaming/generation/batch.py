@@ -26,6 +26,7 @@ Leaves out: the thread and its wait (batched.py), and paged KV memory (kv.py).
 from __future__ import annotations
 
 import collections
+import functools
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -91,7 +92,11 @@ class Batch:
         self.rows: list[Row] = []  # decoding
         self.kv = SlotKV(self.device)
         self.prefixes = Prefixes(self.device)
-        self.parts = StepParts()
+        # a GPU's calls return before its kernels finish: each part waits for its own, so that the
+        # forward pass's time (the policy's step costs) is the pass's, not its launches'
+        self.parts = StepParts(
+            functools.partial(torch.cuda.synchronize, self.device) if str(self.device).startswith("cuda") else None
+        )
         self.costs = StepCosts()  # decode steps' seconds by rows run: the policy lets rows ride where free
         self.tokens = self.skipped = 0  # tokens sampled, row-steps sat out (written under the lock)
         self.shared = 0  # prompt tokens copied from another row's slot instead of computed

@@ -3,21 +3,24 @@ decode and the joining prompts, "prefill" for a shared beginning's own pass, sam
 cache's bookkeeping, the hand-off of each token to its job: its detokenizer and its queue to the
 event loop), read by /metrics.json and `scripts/bench.py profile`.
 
-A `with parts.timed("forward"):` costs two perf_counter calls. Leaves out: per-layer detail
+A `with parts.timed("forward"):` costs two perf_counter calls; on a GPU, also a wait for the
+kernels the part launched (`sync`): its calls return before the work is done, and the policy's
+step costs (costs.py) read the forward pass's time. Leaves out: per-layer detail
 (torch.profiler's business, which the profile also prints).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 PARTS = ("forward", "prefill", "sampling", "kv", "hand_off")
 
 
 class StepParts:
-    def __init__(self) -> None:
+    def __init__(self, sync: Callable[[], object] | None = None) -> None:
+        self.sync = sync  # waits for the device's queued work (torch.cuda.synchronize), or None
         self.seconds = dict.fromkeys(PARTS, 0.0)
         self.last = dict.fromkeys(PARTS, 0.0)  # each part's latest timing (the policy's step costs read it)
 
@@ -27,6 +30,8 @@ class StepParts:
         try:
             yield
         finally:
+            if self.sync is not None:
+                self.sync()
             self.last[part] = time.perf_counter() - t0
             self.seconds[part] += self.last[part]
 

@@ -243,7 +243,7 @@ def broad_nucleus(probs: torch.Tensor, p: float) -> torch.Tensor:
     inside = torch.nonzero(bits == edge).flatten()
     values, order = torch.sort(probs[inside], descending=True, stable=True)
     before = above + torch.cumsum(values.to(wide), 0) - values.to(wide)
-    kept = torch.where(bits > edge, probs, torch.zeros((), dtype=probs.dtype))
+    kept = torch.where(bits > edge, probs, torch.zeros((), dtype=probs.dtype, device=probs.device))
     stays = inside[order[before < p]]
     kept[stays] = probs[stays]
     return kept

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Issue 22 §7: the engine on a GPU, in one prepared run (a lent GPU's minutes are few).
+#
+#   OUT=results/gpu SHAPE=.shape bash scripts/gpu_check.sh
+#
+# SHAPE holds cache/<the bundled folder>/ with its config.json and tokenizer files only (11 MB):
+# the weights (2.4 GB) cannot travel to a lent GPU, so the models here are the bundled model's
+# shape and Qwen2.5-1.5B's (the article's) with seeded random weights (scripts/shaped_model.py),
+# which cost what the real ones cost when every answer has its drawn length (the benchmarks make
+# it so). In order, each step bounded in time so that one hang leaves the rest their turn:
+# the machine; the two models; the engine's tests with the `exact` model on the GPU (the best
+# device found, as a user's would be); the step profile; the interleaved equal-work QoE bar
+# against `transformers serve --continuous-batching` on the same GPU, for each shape.
+# Writes its logs and results under OUT. Leaves out: quality (the weights are random).
+set -u
+OUT=${OUT:-results/gpu}
+SHAPE=${SHAPE:-.shape}
+PY=${PY:-python3}
+DEVICE=${DEVICE:-cuda}
+LOADS=${LOADS:---rates 4,16 --bursts 48,128 --seconds 10}   # the 0.5B shape's loads
+LOADS15=${LOADS15:---rates 8 --bursts 48 --seconds 10}      # the 1.5B shape's (fewer: minutes are few)
+SERVER_ARGS=${SERVER_ARGS:---max-batch 128}                 # MAX_BATCH (64) is sized for a CPU's memory
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 LM_CACHE=$SHAPE/cache
+export TOKENIZERS_PARALLELISM=false
+SOURCE=$LM_CACHE/qwen2.5-coder-0.5b-instruct-q4_k_m
+T0=$(date +%s)
+
+step() {  # step SECONDS COMMAND...: one bounded step, its output to the terminal and OUT/log.txt
+    local secs=$1
+    shift
+    echo "== [$(($(date +%s) - T0)) s] $* (at most $secs s)"
+    timeout -k 5 "$secs" "$@" 2>&1 | grep -v "Loading weights\|Writing model shards" | tee -a "$OUT/log.txt"
+    echo "== rc ${PIPESTATUS[0]}"
+}
+
+nvidia-smi -L
+$PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA')"
+step 60 $PY scripts/shaped_model.py /tmp/m05 --source "$SOURCE" --device "$DEVICE"
+step 90 $PY scripts/shaped_model.py /tmp/m15 --shape 1.5b --source "$SOURCE" --device "$DEVICE"
+step 100 $PY -m pytest -q -p no:cacheprovider tests/test_engine.py tests/test_sharing.py
+step 90 $PY scripts/bench.py profile --model /tmp/m05 --device "$DEVICE" --results "$OUT/p05"
+# shellcheck disable=SC2086 # LOADS is several options
+step 220 $PY scripts/bench.py qoe --model /tmp/m05 --device "$DEVICE" $LOADS --settle 3 \
+    --server-args "$SERVER_ARGS" --results "$OUT/q05"
+# shellcheck disable=SC2086
+step 140 $PY scripts/bench.py qoe --model /tmp/m15 --device "$DEVICE" $LOADS15 --settle 3 \
+    --server-args "$SERVER_ARGS" --results "$OUT/q15"
+echo "== done in $(($(date +%s) - T0)) s"
