@@ -17,11 +17,12 @@ OUT=${OUT:-results/gpu}
 SHAPE=${SHAPE:-.shape}
 PY=${PY:-python3}
 DEVICE=${DEVICE:-cuda}
-LOADS=${LOADS:---rates 4,16 --bursts 48,128 --seconds 10}   # the 0.5B shape's loads
-LOADS15=${LOADS15:---rates 8 --bursts 48 --seconds 10}      # the 1.5B shape's (fewer: minutes are few)
+LOADS=${LOADS:---rates 8,32 --bursts 48,128 --seconds 10}   # the 0.5B shape's loads
+LOADS15=${LOADS15:---rates 16 --bursts 48 --seconds 10}      # the 1.5B shape's (fewer: minutes are few)
 SERVER_ARGS=${SERVER_ARGS:---max-batch 128}                 # MAX_BATCH (64) is sized for a CPU's memory
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 LM_CACHE=$SHAPE/cache
+export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD"  # the checkout's modules (client, lm), uninstalled there
 export TOKENIZERS_PARALLELISM=false
 SOURCE=$LM_CACHE/qwen2.5-coder-0.5b-instruct-q4_k_m
 T0=$(date +%s)

@@ -23,6 +23,7 @@ from streaming.generation.batch import Batch
 from streaming.generation.batched import MAX_BATCH, BatchedJob, BatchEngine
 from streaming.generation.thread import ThreadJob
 from streaming.model.testing import ExactModel, tiny_model
+from streaming.wire.errors import InvalidRequest
 from streaming.wire.params import GenerationParams, plain_request
 
 PROMPTS = [
@@ -224,16 +225,45 @@ def test_requests_beyond_max_batch_wait_their_turn(dtype):
     assert list(results) == expected
 
 
-def test_a_failed_step_fails_its_requests_not_the_engine():
+def test_a_failed_step_fails_its_requests_not_the_engine(monkeypatch):
+    net = lm.handle().net
+    forward = net.forward
+    failed = []
+
+    def fails_once(*args, **kw):
+        if not failed:
+            failed.append(True)
+            raise RuntimeError("a kernel failed")
+        return forward(*args, **kw)
+
+    monkeypatch.setattr(net, "forward", fails_once)
+
     async def run():
         e = BatchEngine(lm.handle(), max_batch=4)
-        job = BatchedJob(e, [10**7], params(0)).start()  # an id past the vocabulary: the step raises
-        with pytest.raises(Exception):  # noqa: B017 - whatever torch raises for a bad index
-            await text(job)
+        with pytest.raises(RuntimeError, match="a kernel failed"):
+            await text(BatchedJob(e, ids(0), params(0)).start())
         return await text(BatchedJob(e, ids(0), params(0)).start()), e
 
     (good, _), e = asyncio.run(run())
-    assert good and e.thread.is_alive()
+    assert failed and good and e.thread.is_alive()
+
+
+@pytest.mark.parametrize("where", ["prompt", "answer so far"])
+def test_an_id_past_the_vocabulary_fails_its_request_before_any_step(where):
+    """Such an id would be an index error on a CPU, but on a GPU a device-side assert that ends the
+    process's CUDA context for every request after it (seen on an H200): refused at admission, on
+    every device. The tokenizer makes no such id; an answer's tokens taken over from a store can."""
+    size = lm.handle().vocabulary()
+
+    async def run():
+        e = BatchEngine(lm.handle(), max_batch=4)
+        prompt, prior = (ids(0) + [size], []) if where == "prompt" else (ids(0), [5, size + 7])
+        with pytest.raises(InvalidRequest, match=f"token id {prompt[-1] if not prior else size + 7} "):
+            await text(BatchedJob(e, prompt, params(0), prior=prior).start())
+        return await text(BatchedJob(e, ids(0), params(0)).start()), e
+
+    (good, _), e = asyncio.run(run())
+    assert good and e.thread.is_alive() and e.batch.kv.rows() == 0
 
 
 def test_a_call_runs_on_the_engines_own_thread_between_steps_and_brings_back_its_result_or_error():

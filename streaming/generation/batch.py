@@ -42,6 +42,7 @@ from streaming.generation.prefixes import Prefixes
 from streaming.generation.sampling import Draws, choose_batch
 from streaming.generation.waiting import WaitingRoom
 from streaming.model.loading import Model, forward_kwargs, step_kwargs
+from streaming.wire.errors import InvalidRequest
 
 
 class Row:
@@ -111,7 +112,11 @@ class Batch:
     def admit(self, room: int) -> None:
         """Admit waiting rows into at most `room` places, within the KV memory (under the lock)."""
         while len(self) < room and (row := self.waiting.admit(self.clock(), self.fits)):
-            row.job.begin(self.model)
+            try:
+                row.job.begin(self.model)
+            except InvalidRequest as e:  # an id the model has not: this request fails, before any kernel
+                self.end(row, error=e)
+                continue
             self.joining.append(row)
 
     def fits(self, row: Row) -> bool:

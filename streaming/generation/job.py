@@ -34,6 +34,7 @@ from typing import Any
 from streaming.generation.detokenize import StreamDetokenizer
 from streaming.generation.prompts import Prompt
 from streaming.model.loading import Model
+from streaming.wire.errors import InvalidRequest
 from streaming.wire.params import GenerationParams
 
 
@@ -139,7 +140,15 @@ class Job:
     # --- from the producing side ---------------------------------------------------------------
 
     def begin(self, model: Model) -> None:
-        """Before the first token, on the producing side: the detokenizer and the end ids."""
+        """Before the first token, on the producing side: the ids checked against the model's
+        vocabulary (InvalidRequest), the detokenizer and the end ids. The tokenizer makes only
+        known ids, but an answer's tokens so far may come from a store (a stream taken over), and
+        on a GPU one id past the embedding would end the process's CUDA context for everyone."""
+        context = self.context
+        size = model.vocabulary()
+        if context and not (0 <= min(context) and max(context) < size):
+            bad = next(t for t in context if not 0 <= t < size)
+            raise InvalidRequest(f"token id {bad} is not in the model's vocabulary (0 to {size - 1})")
         # Special tokens (<|im_end|>, <|endoftext|>: with ignore_eos they are generated and go on)
         # are counted but not shown, as vLLM's skip_special_tokens does by default.
         self.detok, self.ends = StreamDetokenizer(model.tokenizer, skip_special_tokens=True), model.stop_ids()

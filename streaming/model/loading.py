@@ -34,6 +34,7 @@ class Model:
         self.choice = choice or Choice()
         self._net, self._tokenizer = net, tokenizer
         self._stop_ids: frozenset[int] | None = None
+        self._vocabulary: int | None = None
         # The context length as told by an engine process that loaded the network (process.py):
         # this process then never loads it (its tokenizer encodes prompts).
         self.known_context: int | None = None
@@ -84,6 +85,15 @@ class Model:
         if self._stop_ids is None:
             self._stop_ids = stop_ids(self.tokenizer)
         return self._stop_ids
+
+    def vocabulary(self) -> int:
+        """How many token ids the network reads: its embedding's rows, else its config's vocab_size.
+        An id past them is an index error on a CPU but a device-side assert on a GPU, after which
+        every CUDA call of the process fails: Job.begin refuses such an id before any kernel runs."""
+        if self._vocabulary is None:
+            embed = self.net.get_input_embeddings() if hasattr(self.net, "get_input_embeddings") else None
+            self._vocabulary = int(getattr(embed, "num_embeddings", 0) or self.net.config.vocab_size)
+        return self._vocabulary
 
     def context(self) -> int | None:
         """The most tokens it reads (prompt and answer), if its config says."""
