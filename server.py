@@ -26,6 +26,7 @@ from streaming.generation.batched import MAX_BATCH, MAX_WAITING, PREFILL_CHUNK
 from streaming.generation.kv import KV_MEMORY
 from streaming.generation.policy import PREFILL_BUDGET, SCHEDULES
 from streaming.generation.upstream.pool import FIRST_TEXT, SILENCE, Upstream
+from streaming.lossy import outlive_readers
 from streaming.model.loading import load_and_say
 from streaming.server.answer import LOG_KEEP
 from streaming.server.config import (
@@ -245,6 +246,7 @@ def load():
 
 
 def main(argv=None):
+    outlive_readers()  # a closed log pipe drops lines, never a request or the exit (streaming/lossy.py)
     args = parse_args(argv)
     try:
         lm.configure(args)

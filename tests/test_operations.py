@@ -252,3 +252,33 @@ def test_a_malformed_request_after_a_kept_alive_one_still_gets_its_400(servers):
     port = servers["plain"].port
     got = exchange(port, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\nGARBAGE\r\n\r\n")
     assert [(status, conn) for status, conn, _ in got] == [(200, "keep-alive"), (400, "close")]
+
+
+@pytest.mark.parametrize(
+    "engine", [["--engine", "free"], ["--engine", "process", "--model", "exact"]], ids=["free", "process"]
+)
+def test_a_server_outlives_the_reader_of_its_log(engine):
+    """Its stdout is a pipe whose reader goes away (a killed benchmark, a restarted supervisor): the
+    next request's log line, and the exit's "shut down", are dropped, not a BrokenPipeError in the
+    handler or a traceback at the exit (streaming/lossy.py)."""
+    argv = python("server.py", *engine, "--port", "0")
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("listening on http://"), line
+        port = int(line.split(":")[-1].split()[0])
+        deadline = time.monotonic() + 60
+        while http(port, "GET", "/ready")[0] != 200 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        proc.stdout.close()  # the log's reader is gone
+        for _ in range(3):  # each request logs a line ("generated N tokens")
+            status, _, body = http(port, "POST", "/complete", {"prompt": "Hi", "max_tokens": 5})
+            assert status == 200 and json.loads(body)["text"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        err = proc.stderr.read()
+        assert "Traceback" not in err and "BrokenPipe" not in err, err
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stderr.close()

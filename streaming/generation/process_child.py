@@ -39,6 +39,7 @@ from streaming.generation.batched import BatchedJob, BatchEngine
 from streaming.generation.job import Item, JobOptions, Stats
 from streaming.generation.policy import Fifo, Qoe
 from streaming.generation.warm import warm
+from streaming.lossy import outlive_readers
 from streaming.model.choice import Choice
 from streaming.model.loading import Model, load_and_say
 
@@ -85,6 +86,7 @@ def main(conn: Connection, settings: EngineSettings) -> None:
     # itself still ends it (multiprocessing's own clean-up at the server's exit sends one).
     os.setpgrp()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    outlive_readers()  # it writes to the server's stdout and stderr, whose reader may go away
     asyncio.run(Child(conn, settings).run())
 
 
