@@ -25,16 +25,28 @@ class Lossy:
         if not self.gone:
             try:
                 return self.stream.write(text)
-            except (BrokenPipeError, ValueError):  # (ValueError: written after the file closed)
-                self.lose()
+            except (BrokenPipeError, ValueError) as e:
+                self.lose_or_raise(e)
         return len(text)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
 
     def flush(self) -> None:
         if not self.gone:
             try:
                 self.stream.flush()
-            except (BrokenPipeError, ValueError):
-                self.lose()
+            except (BrokenPipeError, ValueError) as e:
+                self.lose_or_raise(e)
+
+    def lose_or_raise(self, e: Exception) -> None:
+        """A closed pipe, or the stream closed (ValueError): lose it. Any other ValueError (a line
+        its encoding cannot say: UnicodeEncodeError) is the writer's, and its reader is still there."""
+        if isinstance(e, BrokenPipeError) or getattr(self.stream, "closed", False):
+            self.lose()
+        else:
+            raise e
 
     def lose(self) -> None:
         """From now on, drop: the file descriptor points at /dev/null, so that what the stream

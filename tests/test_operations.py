@@ -260,7 +260,8 @@ def test_a_malformed_request_after_a_kept_alive_one_still_gets_its_400(servers):
 def test_a_server_outlives_the_reader_of_its_log(engine):
     """Its stdout is a pipe whose reader goes away (a killed benchmark, a restarted supervisor): the
     next request's log line, and the exit's "shut down", are dropped, not a BrokenPipeError in the
-    handler or a traceback at the exit (streaming/lossy.py)."""
+    handler or a traceback at the exit (streaming/lossy.py). With --engine process the lines are
+    the server's own: its engine process writes nothing after it has started."""
     argv = python("server.py", *engine, "--port", "0")
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -282,3 +283,26 @@ def test_a_server_outlives_the_reader_of_its_log(engine):
         proc.kill()
         proc.wait()
         proc.stderr.close()
+
+
+def test_lossy_drops_after_a_closed_pipe_but_not_a_line_its_encoding_cannot_say():
+    """The pure part of streaming/lossy.py: a closed pipe is lost for good (and the descriptor
+    points at /dev/null, so the exit's flush is quiet); an encoding error is the writer's, raised,
+    and the stream stays (its reader is still there)."""
+    import io
+    import os
+
+    from streaming.lossy import Lossy
+
+    read, write = os.pipe()
+    stream = Lossy(io.TextIOWrapper(io.FileIO(write, "w"), encoding="ascii", write_through=True))
+    stream.write("one\n")
+    assert os.read(read, 100) == b"one\n"
+    with pytest.raises(UnicodeEncodeError):
+        stream.write("caf\u00e9\n")
+    assert not stream.gone
+    os.close(read)
+    stream.writelines(["two\n", "three\n"])  # the pipe's reader is gone: dropped, no error
+    stream.flush()
+    assert stream.gone and stream.write("four\n") == 5
+    stream.stream.close()  # (its descriptor now points at /dev/null: closing is quiet)

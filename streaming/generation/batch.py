@@ -42,7 +42,6 @@ from streaming.generation.prefixes import Prefixes
 from streaming.generation.sampling import Draws, choose_batch
 from streaming.generation.waiting import WaitingRoom
 from streaming.model.loading import Model, forward_kwargs, step_kwargs
-from streaming.wire.errors import InvalidRequest
 
 
 class Row:
@@ -95,9 +94,7 @@ class Batch:
         self.prefixes = Prefixes(self.device)
         # a GPU's calls return before its kernels finish: each part waits for its own, so that the
         # forward pass's time (the policy's step costs) is the pass's, not its launches'
-        self.parts = StepParts(
-            functools.partial(torch.cuda.synchronize, self.device) if str(self.device).startswith("cuda") else None
-        )
+        self.parts = StepParts(device_sync(str(self.device)))
         self.costs = StepCosts()  # decode steps' seconds by rows run: the policy lets rows ride where free
         self.tokens = self.skipped = 0  # tokens sampled, row-steps sat out (written under the lock)
         self.shared = 0  # prompt tokens copied from another row's slot instead of computed
@@ -114,7 +111,7 @@ class Batch:
         while len(self) < room and (row := self.waiting.admit(self.clock(), self.fits)):
             try:
                 row.job.begin(self.model)
-            except InvalidRequest as e:  # an id the model has not: this request fails, before any kernel
+            except Exception as e:  # noqa: BLE001 - this request fails (an id the model has not: InvalidRequest), not the engine
                 self.end(row, error=e)
                 continue
             self.joining.append(row)
@@ -280,6 +277,15 @@ class Batch:
             for r in gone:
                 self.kv.release(r)
         self.rows = [r for r in self.rows if not r.done]
+
+
+def device_sync(device: str) -> Callable[[], object] | None:
+    """What waits for a device's queued kernels (None on a CPU, whose calls return when done)."""
+    if device.startswith("cuda"):
+        return functools.partial(torch.cuda.synchronize, device)
+    if device.startswith("mps"):
+        return torch.mps.synchronize
+    return None
 
 
 def flat_inputs(

@@ -27,10 +27,12 @@ class StepParts:
     @contextmanager
     def timed(self, part: str) -> Iterator[None]:
         t0 = time.perf_counter()
+        done = False
         try:
             yield
+            done = True
         finally:
-            if self.sync is not None:
+            if done and self.sync is not None:  # (after a failed part, the part's own error stands)
                 self.sync()
             self.last[part] = time.perf_counter() - t0
             self.seconds[part] += self.last[part]
