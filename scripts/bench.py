@@ -468,10 +468,12 @@ def decode_step(m, c, b):
     returns: waited for, or the timings would be the launches')."""
     import torch
 
+    from streaming.generation.parts import device_sync
+
     with torch.inference_mode():
         m(input_ids=torch.full((b, 1), 100, device=m.device), cache=c, use_cache=True, logits_to_keep=1)
-    if m.device.type == "cuda":
-        torch.cuda.synchronize()
+    if (sync := device_sync(str(m.device))) is not None:
+        sync()
 
 
 STEP_ROUNDS = 4  # profile: decode steps timed per kernel choice and batch size (after one to warm up)

@@ -257,8 +257,8 @@ def test_an_id_past_the_vocabulary_fails_its_request_before_any_step(where):
 
     async def run():
         e = BatchEngine(lm.handle(), max_batch=4)
-        prompt, prior = (ids(0) + [size], []) if where == "prompt" else (ids(0), [5, size + 7])
-        with pytest.raises(InvalidRequest, match=f"token id {prompt[-1] if not prior else size + 7} "):
+        prompt, prior, bad = (ids(0) + [size], [], size) if where == "prompt" else (ids(0), [5, size + 7], size + 7)
+        with pytest.raises(InvalidRequest, match=f"token id {bad} "):
             await text(BatchedJob(e, prompt, params(0), prior=prior).start())
         return await text(BatchedJob(e, ids(0), params(0)).start()), e
 

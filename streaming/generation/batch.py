@@ -26,7 +26,6 @@ Leaves out: the thread and its wait (batched.py), and paged KV memory (kv.py).
 from __future__ import annotations
 
 import collections
-import functools
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -92,9 +91,7 @@ class Batch:
         self.rows: list[Row] = []  # decoding
         self.kv = SlotKV(self.device)
         self.prefixes = Prefixes(self.device)
-        # a GPU's calls return before its kernels finish: each part waits for its own, so that the
-        # forward pass's time (the policy's step costs) is the pass's, not its launches'
-        self.parts = StepParts(device_sync(str(self.device)))
+        self.parts = StepParts(str(self.device))  # on a GPU each part waits for its kernels (parts.py)
         self.costs = StepCosts()  # decode steps' seconds by rows run: the policy lets rows ride where free
         self.tokens = self.skipped = 0  # tokens sampled, row-steps sat out (written under the lock)
         self.shared = 0  # prompt tokens copied from another row's slot instead of computed
@@ -277,15 +274,6 @@ class Batch:
             for r in gone:
                 self.kv.release(r)
         self.rows = [r for r in self.rows if not r.done]
-
-
-def device_sync(device: str) -> Callable[[], object] | None:
-    """What waits for a device's queued kernels (None on a CPU, whose calls return when done)."""
-    if device.startswith("cuda"):
-        return functools.partial(torch.cuda.synchronize, device)
-    if device.startswith("mps"):
-        return torch.mps.synchronize
-    return None
 
 
 def flat_inputs(

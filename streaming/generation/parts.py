@@ -11,16 +11,19 @@ step costs (costs.py) read the forward pass's time. Leaves out: per-layer detail
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+
+import torch
 
 PARTS = ("forward", "prefill", "sampling", "kv", "hand_off")
 
 
 class StepParts:
-    def __init__(self, sync: Callable[[], object] | None = None) -> None:
-        self.sync = sync  # waits for the device's queued work (torch.cuda.synchronize), or None
+    def __init__(self, device: str = "cpu") -> None:
+        self.sync = device_sync(device)
         self.seconds = dict.fromkeys(PARTS, 0.0)
         self.last = dict.fromkeys(PARTS, 0.0)  # each part's latest timing (the policy's step costs read it)
 
@@ -42,3 +45,12 @@ class StepParts:
 
     def reset(self) -> None:
         self.seconds = dict.fromkeys(PARTS, 0.0)
+
+
+def device_sync(device: str) -> Callable[[], object] | None:
+    """What waits for a device's queued kernels (None on a CPU, whose calls return when done)."""
+    if device.startswith("cuda"):
+        return functools.partial(torch.cuda.synchronize, device)
+    if device.startswith("mps"):
+        return torch.mps.synchronize
+    return None
