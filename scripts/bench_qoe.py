@@ -24,14 +24,15 @@ A comparison that cannot flatter either side:
 - **The noise, reported.** One reader alone (SINGLE tokens) runs at the start and again at the
   end; the two figures show how much the machine moved meanwhile.
 
-Loads: Poisson arrivals at each rate (requests a second, for --seconds, answers of LENGTHS
-tokens uniform) and bursts (N requests at once, BURST_TOKENS each), OpenAI chat streams of the
+Loads: Poisson arrivals at each rate (requests a second, for --seconds, else for SECONDS or long
+enough to expect MIN_ARRIVALS, answers of LENGTHS tokens uniform) and bursts (N requests at once, BURST_TOKENS each), OpenAI chat streams of the
 prompts in prompts.json at temperature 0.7, top_p 0.9. Per load and server: mean QoE, p10, the
 share of readers at QoE >= 0.95, TTFT p50/p99, gap p99 between pieces, tokens a second (by
 usage), and the ratio to the peer. Headlines: the sustainable rate (the highest with mean QoE >=
 0.95), readers served (the largest burst with 95% at >= 0.95), and the issue's goals, each said
 met or not (the overload goal at the lowest measured rate of at least twice the peer's sustainable
-one). Saves results/qoe.json and results/qoe.png. Benchmarks are not tests: nothing here
+one). A peer's headline of 0 (no rate held, no burst served) is read as a bound: below the lowest
+level measured, so the ratio is "more than" ours over that level. Saves results/qoe.json and results/qoe.png. Benchmarks are not tests: nothing here
 asserts. `python scripts/bench.py guidellm` runs the field's tool against the same servers.
 
 Leaves out: llama.cpp's server (it builds from source here, about 10 minutes) and vLLM (no
@@ -64,6 +65,9 @@ TEMPERATURE, TOP_P = 0.7, 0.9
 RATES = [0.2, 0.35, 0.5, 0.7, 1.0, 1.4]
 BURSTS = [8, 16, 32, 48]
 SECONDS = 60.0  # of arrivals at each rate
+# expected arrivals at a rate, at the least, unless --seconds is given: a low rate's window grows
+# (0.05/s: 240 s), so that its mean QoE is a dozen readers', not two or three's
+MIN_ARRIVALS = 12
 QUICK = {"rates": [0.35], "bursts": [16], "seconds": 20.0}
 IDLE_SECONDS = 3.0  # how long each server's idle CPU is measured before the loads
 TICK = os.sysconf("SC_CLK_TCK")  # /proc's CPU ticks a second
@@ -90,6 +94,9 @@ GOALS = [
     ("readers served at least 2x the peer's", "readers_served", 2.0, "higher"),
     ("one reader at least 1.5x the peer's tokens/s", "single_tokens_per_s", 1.5, "higher"),
 ]
+# A headline of 0 (no rate held, no burst served) is a bound, not a figure: the level lies below
+# the lowest one measured, so a ratio to it is at least ours over that (QoE falling with load).
+BELOW = {"sustainable_rate": "sustainable_below", "readers_served": "served_below"}
 OVERLOAD_QOE = 1.5  # at twice the peer's sustainable rate: mean QoE at least this x the peer's (and half at 0.95)
 STEADY_GOAL = 0.9  # steady Poisson load: at least 90% of the tokens/s a burst of as many readers gets (§3)
 
@@ -114,6 +121,11 @@ def workload(kind: str, x: float, seconds: float, seed: int) -> list[tuple[float
     while (t := t + rnd.expovariate(x)) < seconds:
         out.append((t, rnd.randrange(len(PROMPTS)), rnd.randint(*LENGTHS)))
     return out
+
+
+def window(seconds: float | None, rate: float) -> float:
+    """Seconds of arrivals at `rate`: --seconds as given, else SECONDS stretched to MIN_ARRIVALS."""
+    return seconds if seconds is not None else max(SECONDS, MIN_ARRIVALS / rate)
 
 
 async def drive(port: int, requests, ours: bool, model: str | None):
@@ -320,7 +332,7 @@ def run(args, servers: dict, tok) -> dict:
         flush=True,
     )
     for i, (kind, x) in enumerate(loads(args)):
-        requests = workload(kind, x, args.seconds, seed=int(100 * x) + 1)
+        requests = workload(kind, x, window(args.seconds, x) if kind == "rate" else 0.0, seed=int(100 * x) + 1)
         for name in names if i % 2 == 0 else names[::-1]:  # each load on one then the other, alternating
             s = servers[name]
             waited = settle(servers, args.settle)
@@ -435,9 +447,13 @@ def headlines(by_server: dict) -> dict:
         steady_ = [(r, f["steady_ratio"]) for r, f in sorted(rates.items()) if f.get("steady_ratio")]
         singles = [loads_[k]["single_tokens_per_s"] for k in ("single 0", "single 1") if loads_.get(k)]
         b48 = bursts.get(48, {})
+        held = [r for r, f in rates.items() if f["qoe_mean"] >= 0.95]
+        served = [n for n, f in bursts.items() if f["qoe_share_95"] >= 0.95]
         out[name] = {
-            "sustainable_rate": max((r for r, f in rates.items() if f["qoe_mean"] >= 0.95), default=0.0),
-            "readers_served": max((n for n, f in bursts.items() if f["qoe_share_95"] >= 0.95), default=0),
+            "sustainable_rate": max(held, default=0.0),
+            "sustainable_below": min(rates, default=None) if not held else None,  # BELOW
+            "readers_served": max(served, default=0),
+            "served_below": min(bursts, default=None) if not served else None,
             "burst48_qoe": b48.get("qoe_mean"),
             "burst48_ttft_p99": b48.get("ttft_p99"),
             "single_tokens_per_s": sum(s for s in singles if s) / len([s for s in singles if s])
@@ -474,14 +490,28 @@ def compare(heads: dict) -> dict:
             continue
         verdicts[name] = {}
         for goal, key, factor, better in GOALS:
-            mine, theirs = h[key], them[key]
-            ratio = mine / theirs if mine is not None and theirs else None
+            ratio, shown = goal_ratio(h[key], them[key], them.get(BELOW.get(key, "")))
             met = ratio is not None and (ratio >= factor if better == "higher" else ratio <= factor)
-            verdicts[name][key] = {"ratio": ratio, "met": met}
-            shown = f"{ratio:.2f}x" if ratio is not None else "n/a"
+            finite = ratio if ratio is None or ratio < float("inf") else "inf"  # JSON has no infinity
+            verdicts[name][key] = {"ratio": finite, "met": met, "bound": shown.startswith("more")}
             print(f"    {goal}: {shown} -> {'met' if met else 'NOT met'}", flush=True)
         verdicts[name]["overload"] = overload(h, them)
     return verdicts
+
+
+def goal_ratio(mine, theirs, below) -> tuple[float | None, str]:
+    """Ours over the peer's, and how to say it: a plain ratio; a bound where the peer's 0 means
+    "below the lowest level measured" (BELOW); infinite where the peer's figure is a measured 0
+    (a QoE) and ours is not."""
+    if mine is None or theirs is None:
+        return None, "n/a"
+    if theirs:
+        return mine / theirs, f"{mine / theirs:.2f}x"
+    if below:
+        return mine / below, f"more than {mine / below:.2f}x (the peer held none, down to {below:g})"
+    if mine:
+        return float("inf"), "inf (the peer's 0)"
+    return None, "n/a (both 0)"
 
 
 def overload(mine: dict, them: dict) -> dict:
@@ -493,7 +523,14 @@ def overload(mine: dict, them: dict) -> dict:
     target = 2 * them["sustainable_rate"]
     rate = min((r for r in mine["by_rate"] if r >= target and r in them["by_rate"]), default=None)
     if not them["sustainable_rate"] or rate is None:
-        why = f"no rate of {target:g}/s or more measured on both" if them["sustainable_rate"] else "no sustainable rate"
+        below = them.get("sustainable_below")
+        why = (
+            f"no rate of {target:g}/s or more measured on both"
+            if them["sustainable_rate"]
+            else f"the peer held none, down to {below:g}/s: its sustainable rate lies below, twice it below {2 * below:g}/s"
+            if below
+            else "no sustainable rate"
+        )
         print(f"    {goal}: n/a ({why}) -> NOT met", flush=True)
         return {"rate": None, "met": False}
     a, b = mine["by_rate"][rate], them["by_rate"][rate]
@@ -549,7 +586,13 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help=f"fewer loads: {QUICK}")
     p.add_argument("--rates", default=",".join(map(str, RATES)), help="Poisson arrival rates, requests a second")
     p.add_argument("--bursts", default=",".join(map(str, BURSTS)), help="burst sizes")
-    p.add_argument("--seconds", type=float, default=SECONDS, help="seconds of arrivals at each rate")
+    p.add_argument(
+        "--seconds",
+        type=float,
+        default=None,
+        help=f"seconds of arrivals at each rate (default {SECONDS:g}, more at a rate below {MIN_ARRIVALS / SECONDS:g}/s:"
+        f" {MIN_ARRIVALS} arrivals expected)",
+    )
     p.add_argument("--configs", default="qoe", help=f"this server's settings, of {', '.join(CONFIGS)}")
     p.add_argument("--peer", action=argparse.BooleanOptionalAction, default=True, help="run transformers serve too")
     p.add_argument("--results", default="results")
@@ -570,7 +613,11 @@ def main(argv=None):
         "lengths": LENGTHS,
         "burst_tokens": BURST_TOKENS,
     }
-    out |= {"seconds": args.seconds, "peer_eos": PEER_EOS, "interleaved": True}
+    out |= {
+        "seconds": {f"{r:g}": window(args.seconds, r) for r in args.rates},
+        "peer_eos": PEER_EOS,
+        "interleaved": True,
+    }
     servers = start(args)
     try:
         out["idle_cpu_ticks"] = idle_cpu(servers)
