@@ -22,8 +22,8 @@ import sys
 
 import lm
 from streaming.generation.backend import ENGINES
-from streaming.generation.batched import MAX_BATCH, MAX_WAITING, PREFILL_CHUNK
-from streaming.generation.kv import KV_MEMORY
+from streaming.generation.batched import GPU_MAX_BATCH, MAX_BATCH, MAX_WAITING, PREFILL_CHUNK, default_max_batch
+from streaming.generation.kv import GPU_KV_SHARE, KV_MEMORY
 from streaming.generation.policy import PREFILL_BUDGET, SCHEDULES
 from streaming.generation.upstream.pool import FIRST_TEXT, SILENCE, Upstream
 from streaming.lossy import outlive_readers
@@ -61,7 +61,8 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.queue and args.engine in ("batched", "process"):
         p.error("--queue bounds a generation thread; use it with --engine thread")
-    if min(args.max_batch, args.prefill_chunk, args.prefill_budget, args.keepalive_requests, args.log_keep) < 1:
+    counts = (args.max_batch, args.prefill_chunk, args.prefill_budget, args.keepalive_requests, args.log_keep)
+    if min(n for n in counts if n is not None) < 1:  # (--max-batch left out: sized for the device)
         p.error(
             "--max-batch, --prefill-chunk, --prefill-budget, --keepalive-requests and --log-keep must be at least 1"
         )
@@ -69,7 +70,7 @@ def parse_args(argv=None):
         p.error(f"--stream-interval must be from 1 to {MAX_STREAM_INTERVAL}")
     if args.max_waiting < 0:
         p.error("--max-waiting must be 0 (refuse whenever the batch is full) or more")
-    if not args.kv_memory > 0:
+    if args.kv_memory is not None and not args.kv_memory > 0:
         p.error("--kv-memory must be more than 0 GiB")
     if (args.engine == "upstream") != bool(args.upstream):
         p.error("--engine upstream and --upstream URL go together")
@@ -92,7 +93,12 @@ def engine_options(g):
         "upstream: relay OpenAI-compatible engines (--upstream)",
     )
     upstream_options(g)
-    g.add_argument("--max-batch", type=int, default=MAX_BATCH, help="batched: requests per step; more wait")
+    g.add_argument(
+        "--max-batch",
+        type=int,
+        default=None,
+        help=f"batched: requests per step; more wait (default {MAX_BATCH}, {GPU_MAX_BATCH} on CUDA)",
+    )
     g.add_argument(
         "--max-waiting",
         type=int,
@@ -102,9 +108,10 @@ def engine_options(g):
     g.add_argument(
         "--kv-memory",
         type=float,
-        default=KV_MEMORY / 2**30,
+        default=None,
         metavar="GIB",
-        help="batched: KV cache the batch may come to hold, in GiB; a request that would pass it waits its turn",
+        help="batched: KV cache the batch may come to hold, in GiB; a request that would pass it waits its turn "
+        f"(default {KV_MEMORY / 2**30:g}, on CUDA {GPU_KV_SHARE:g} of the device's memory)",
     )
     g.add_argument(
         "--prefill-chunk",
@@ -227,14 +234,20 @@ def testing_options(g):
     g.add_argument("--drop-after", type=int, default=0, help="drop a resumable stream's connection every N events")
 
 
-def config_of(args):
-    """The server's settings from parsed options (the model's go to lm.configure)."""
+def config_of(args, device=None):
+    """The server's settings from parsed options (the model's go to lm.configure); what was left
+    out sized for `device` (the model's: lm.DEVICE)."""
+    device = device or lm.DEVICE
     names = Config.__dataclass_fields__
     values = {k: v for k, v in vars(args).items() if k in names}
     values.update(
         allow_origin=tuple(args.allow_origin), allow_host=tuple(args.allow_host), upstream=tuple(args.upstream)
     )
-    return Config(**dict(values, body_memory=args.max_body_memory, kv_memory=int(args.kv_memory * 2**30)))
+    # (the KV budget left out is sized by the engine, on the model's side: asking a GPU here would
+    # give the server process a CUDA context of its own, with --engine process too)
+    kv = int(args.kv_memory * 2**30) if args.kv_memory is not None else None
+    batch = args.max_batch if args.max_batch is not None else default_max_batch(device)
+    return Config(**dict(values, body_memory=args.max_body_memory, kv_memory=kv, max_batch=batch))
 
 
 def load():

@@ -142,6 +142,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=os.environ.get("LM_MODEL", "bundled"))
     p.add_argument("--dtype", default=None, help="the same for every server (default: the project's)")
+    p.add_argument("--device", default=None, help="cuda, mps or cpu, every server's (default: the best found)")
+    p.add_argument("--server-args", default="", help="more options for this server, as one string")
     p.add_argument("--quick", action="store_true", help=f"fewer profiles: {QUICK}")
     p.add_argument("--rates", default=",".join(map(str, RATES)), help="Poisson arrival rates, requests a second")
     p.add_argument("--seconds", type=int, default=SECONDS, help="seconds of each Poisson profile")
@@ -155,7 +157,7 @@ def main(argv=None):
     rates = QUICK["rates"] if args.quick else [float(x) for x in args.rates.split(",") if x]
     if args.quick:
         args.seconds, args.synchronous = QUICK["seconds"], QUICK["synchronous"]
-    lm.configure(model=args.model)
+    lm.configure(model=args.model, device=args.device)
     args.dtype_asked = args.dtype is not None
     args.dtype = args.dtype or str(lm.dtype()).removeprefix("torch.")
     if args.model in lm.NAMED[1:]:

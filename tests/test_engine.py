@@ -19,8 +19,10 @@ import torch
 from helpers import ServerProcess, http, metrics, model_of
 
 import lm
+import server
 from streaming.generation.batch import Batch
-from streaming.generation.batched import MAX_BATCH, BatchedJob, BatchEngine
+from streaming.generation.batched import GPU_MAX_BATCH, MAX_BATCH, BatchedJob, BatchEngine, default_max_batch
+from streaming.generation.kv import GPU_KV_SHARE, KV_MEMORY, default_kv_memory
 from streaming.generation.thread import ThreadJob
 from streaming.model.testing import ExactModel, tiny_model
 from streaming.wire.errors import InvalidRequest
@@ -312,7 +314,31 @@ def test_metrics_show_the_engine(servers):
     http(port, "POST", "/complete", {"prompt": "Hi", "max_tokens": 5})
     m = metrics(port)
     assert {"active", "waiting", "steps", "tokens_generated", "tokens_after_stop", "requests_stopped"} <= set(m)
-    assert m["steps"] > 0 and m["tokens_generated"] >= 5 and m["max_batch"] == MAX_BATCH
+    assert m["steps"] > 0 and m["tokens_generated"] >= 5 and m["max_batch"] == default_max_batch(lm.DEVICE)
+
+
+def test_the_batch_and_its_kv_budget_are_sized_for_the_device():
+    """Left out, --max-batch and --kv-memory are sized for the model's device (a GPU's step is
+    launch-bound, so more rows cost next to nothing there); given, they are taken as given."""
+    assert default_max_batch("cpu") == default_max_batch("mps") == MAX_BATCH
+    assert default_max_batch("cuda") == default_max_batch("cuda:1") == GPU_MAX_BATCH
+    assert default_kv_memory("cpu") == default_kv_memory("mps") == KV_MEMORY
+    assert default_kv_memory("cuda", total=141 << 30) == int(GPU_KV_SHARE * (141 << 30))
+    assert default_kv_memory("cuda:0", total=6 << 30) == 3 << 30  # a small GPU: its share, not a CPU's 4 GiB
+    left_out = server.config_of(server.parse_args(["--engine", "free"]), "cpu")
+    assert (left_out.max_batch, left_out.kv_memory) == (MAX_BATCH, None)  # the engine sizes it: KV_MEMORY here
+    given = server.config_of(server.parse_args(["--max-batch", "3", "--kv-memory", "0.5"]), "cuda")
+    assert (given.max_batch, given.kv_memory) == (3, 1 << 29)
+    for bad in (["--max-batch", "0"], ["--kv-memory", "0"]):
+        with pytest.raises(SystemExit):
+            server.parse_args(bad)
+
+    async def run():  # the engine sizes a budget left out when it first needs it, on its model's device
+        e = BatchEngine(model_of(exact(torch.float32)), max_batch=4, kv_memory=None)
+        await asyncio.gather(*(text(BatchedJob(e, ids(i), params(i, 5)).start()) for i in range(3)))
+        return e.batch.kv_memory
+
+    assert asyncio.run(run()) == KV_MEMORY
 
 
 def test_a_request_beyond_max_batch_waits_with_keep_alive_pings(pair):

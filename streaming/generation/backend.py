@@ -85,7 +85,7 @@ class Backend:
         policy: Fifo | Qoe | None = None,
         pool: Pool | None = None,
         max_waiting: int = MAX_WAITING,
-        kv_memory: int = KV_MEMORY,
+        kv_memory: int | None = KV_MEMORY,
     ) -> None:
         if engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}: choose one of {', '.join(ENGINES)}")

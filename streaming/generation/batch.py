@@ -34,7 +34,7 @@ import torch
 
 from streaming.generation import attention, sharing
 from streaming.generation.job import Job
-from streaming.generation.kv import KV_MEMORY, Layout, SlotKV, token_bytes
+from streaming.generation.kv import KV_MEMORY, Layout, SlotKV, default_kv_memory, token_bytes
 from streaming.generation.parts import StepParts
 from streaming.generation.policy import Fifo, Qoe, StepCosts, prefill_group, stretch
 from streaming.generation.prefixes import Prefixes
@@ -82,10 +82,10 @@ class Batch:
         clock: Callable[[], float],
         waiting: WaitingRoom,
         lock: threading.Condition,
-        kv_memory: int = KV_MEMORY,
+        kv_memory: int | None = KV_MEMORY,
     ) -> None:
         self.model, self.device, self.chunk, self.policy, self.clock = model, model.device, chunk, policy, clock
-        self.kv_memory = kv_memory
+        self.kv_memory = kv_memory  # None: sized for the device at the first need (kv.default_kv_memory)
         self.waiting, self.lock = waiting, lock  # shared with the event loop: touched under the lock
         self.joining: collections.deque[Row] = collections.deque()  # admitted, prompt being prefilled
         self.rows: list[Row] = []  # decoding
@@ -120,6 +120,8 @@ class Batch:
         if not len(self):
             return True
         longest = max(len(r.ids) + r.job.params.max_tokens for r in [*self.rows, *self.joining, row])
+        if self.kv_memory is None:  # here, on the engine's side: a GPU is asked only where the model runs
+            self.kv_memory = default_kv_memory(str(self.device))
         return (len(self) + 1) * longest * token_bytes(self.model.net) <= self.kv_memory
 
     def fail(self, error: BaseException) -> None:

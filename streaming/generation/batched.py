@@ -46,6 +46,17 @@ from streaming.generation.waiting import MAX_WAITING, WaitingRoom
 from streaming.model.loading import Model
 
 MAX_BATCH = 64  # active requests per step: past it they wait. 64 rows of 4k tokens is ~6 GB of KV in float32
+# On CUDA: vLLM's max_num_seqs default. A GPU's step is bound by launching kernels, not by rows (the
+# H200 check of issue 22 §7: 53-62 ms a step at every batch from 1 to 64), so more rows cost next to
+# nothing, and 64 made arrivals wait that the step had room for (that run passed --max-batch 128).
+GPU_MAX_BATCH = 256
+
+
+def default_max_batch(device: str) -> int:
+    """--max-batch left out: GPU_MAX_BATCH on CUDA, else MAX_BATCH (a CPU's step grows with rows)."""
+    return GPU_MAX_BATCH if device.startswith("cuda") else MAX_BATCH
+
+
 PREFILL_CHUNK = 128  # a longer prompt joins at most this many tokens a step: the extra wait it adds to others' gaps
 
 
@@ -59,7 +70,7 @@ class BatchEngine:
         policy: Fifo | Qoe | None = None,
         clock: Callable[[], float] = time.monotonic,
         max_waiting: int = MAX_WAITING,
-        kv_memory: int = KV_MEMORY,
+        kv_memory: int | None = KV_MEMORY,
         after_step: Callable[[], None] | None = None,
     ) -> None:
         self.max_batch, self.token_delay = max_batch, token_delay

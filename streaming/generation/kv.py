@@ -37,6 +37,20 @@ SHRINK = 4  # shrink when the rows in use need a quarter of what is held or less
 # 32,000-token row among 63 short ones would be 25 GB for the bundled model in bfloat16 (12 KiB a
 # token): 4 GiB is 64 rows of 5,400 tokens, or one long row and a few others.
 KV_MEMORY = 4 << 30
+# On CUDA, --kv-memory left out: this share of the device's memory, whatever its size. The
+# weights of the models served here are a few GB of a GPU's tens; vLLM takes 0.9 of the memory for
+# weights, activations and KV together, and half leaves the activations of a long prefill room.
+GPU_KV_SHARE = 0.5
+
+
+def default_kv_memory(device: str, total: int | None = None) -> int:
+    """--kv-memory left out: KV_MEMORY, or on CUDA GPU_KV_SHARE of the device's memory (`total`
+    bytes; asked of the device when not given)."""
+    if not device.startswith("cuda"):
+        return KV_MEMORY
+    if total is None:
+        total = torch.cuda.get_device_properties(torch.device(device)).total_memory
+    return int(GPU_KV_SHARE * total)
 
 
 class Holder(Protocol):

@@ -56,7 +56,7 @@ class EngineSettings:
     max_batch: int
     prefill_chunk: int
     max_waiting: int
-    kv_memory: int
+    kv_memory: int | None  # None: sized for the device (kv.default_kv_memory), there
 
 
 def relay(conn: Connection, loop: asyncio.AbstractEventLoop, handle: Callable[[Any], None]) -> None:

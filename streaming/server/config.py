@@ -39,7 +39,9 @@ class Config:
     engine: str = "batched"  # batched, thread, free or upstream (streaming.generation.backend.ENGINES)
     max_batch: int = MAX_BATCH
     max_waiting: int = MAX_WAITING  # requests waiting for a place in the batch: past it 503 with Retry-After
-    kv_memory: int = KV_MEMORY  # bytes of KV cache the batch may come to hold: past it a request waits
+    # bytes of KV cache the batch may come to hold: past it a request waits (None: sized for the
+    # model's device by the engine, kv.default_kv_memory)
+    kv_memory: int | None = KV_MEMORY
     prefill_chunk: int = PREFILL_CHUNK
     prefill_budget: int = PREFILL_BUDGET
     schedule: str = "qoe"  # or fifo (streaming.generation.policy): qoe measured better for readers in bursts
