@@ -94,25 +94,12 @@ def engine_options(g):
     )
     upstream_options(g)
     g.add_argument(
-        "--max-batch",
-        type=int,
-        default=None,
-        help=f"batched: requests per step; more wait (default {MAX_BATCH}, {GPU_MAX_BATCH} on CUDA)",
-    )
-    g.add_argument(
         "--max-waiting",
         type=int,
         default=MAX_WAITING,
         help="batched: requests that may wait for a place; past it 503 with Retry-After (a balancer tries another)",
     )
-    g.add_argument(
-        "--kv-memory",
-        type=float,
-        default=None,
-        metavar="GIB",
-        help="batched: KV cache the batch may come to hold, in GiB; a request that would pass it waits its turn "
-        f"(default {KV_MEMORY / 2**30:g}, on CUDA {GPU_KV_SHARE:g} of the device's memory)",
-    )
+    batch_sizing_options(g)
     g.add_argument(
         "--prefill-chunk",
         type=int,
@@ -218,6 +205,24 @@ def resume_options(g):
         type=store_url,
         default="memory",
         help="memory (this process only) or redis://HOST:PORT/DB: streams any replica can resume and take over",
+    )
+
+
+def batch_sizing_options(g):
+    """The batch's size and KV budget: left out, sized for the model's device (config_of, the engine)."""
+    g.add_argument(
+        "--max-batch",
+        type=int,
+        default=None,
+        help=f"batched: requests per step; more wait (default {MAX_BATCH}, {GPU_MAX_BATCH} on CUDA)",
+    )
+    g.add_argument(
+        "--kv-memory",
+        type=float,
+        default=None,
+        metavar="GIB",
+        help="batched: KV cache the batch may come to hold, in GiB; a request that would pass it waits its turn "
+        f"(default {KV_MEMORY / 2**30:g}, on CUDA {GPU_KV_SHARE:g} of the device's memory)",
     )
 
 

@@ -25,15 +25,15 @@ A comparison that cannot flatter either side:
   end; the two figures show how much the machine moved meanwhile.
 
 Loads: Poisson arrivals at each rate (requests a second, for --seconds, else for SECONDS or long
-enough to expect MIN_ARRIVALS, answers of LENGTHS tokens uniform) and bursts (N requests at once, BURST_TOKENS each), OpenAI chat streams of the
-prompts in prompts.json at temperature 0.7, top_p 0.9. Per load and server: mean QoE, p10, the
+enough to expect MIN_ARRIVALS, answers of LENGTHS tokens uniform) and bursts (N requests at once,
+BURST_TOKENS each), OpenAI chat streams of the prompts in prompts.json at temperature 0.7, top_p 0.9. Per load and server: mean QoE, p10, the
 share of readers at QoE >= 0.95, TTFT p50/p99, gap p99 between pieces, tokens a second (by
 usage), and the ratio to the peer. Headlines: the sustainable rate (the highest with mean QoE >=
 0.95), readers served (the largest burst with 95% at >= 0.95), and the issue's goals, each said
 met or not (the overload goal at the lowest measured rate of at least twice the peer's sustainable
 one). A peer's headline of 0 (no rate held, no burst served) is read as a bound: below the lowest
-level measured, so the ratio is "more than" ours over that level. Saves results/qoe.json and results/qoe.png. Benchmarks are not tests: nothing here
-asserts. `python scripts/bench.py guidellm` runs the field's tool against the same servers.
+level measured, so the ratio is "more than" ours over that level. Saves results/qoe.json and
+results/qoe.png. Benchmarks are not tests: nothing here asserts. `python scripts/bench.py guidellm` runs the field's tool against the same servers.
 
 Leaves out: llama.cpp's server (it builds from source here, about 10 minutes) and vLLM (no
 CPU build here).
@@ -490,10 +490,12 @@ def compare(heads: dict) -> dict:
             continue
         verdicts[name] = {}
         for goal, key, factor, better in GOALS:
-            ratio, shown = goal_ratio(h[key], them[key], them.get(BELOW.get(key, "")))
+            below = them.get(BELOW.get(key, ""))
+            ratio, shown = goal_ratio(h[key], them[key], below)
             met = ratio is not None and (ratio >= factor if better == "higher" else ratio <= factor)
             finite = ratio if ratio is None or ratio < float("inf") else "inf"  # JSON has no infinity
-            verdicts[name][key] = {"ratio": finite, "met": met, "bound": shown.startswith("more")}
+            bound = ratio is not None and not them[key] and bool(below)  # "more than": goal_ratio's bound
+            verdicts[name][key] = {"ratio": finite, "met": met, "bound": bound}
             print(f"    {goal}: {shown} -> {'met' if met else 'NOT met'}", flush=True)
         verdicts[name]["overload"] = overload(h, them)
     return verdicts
@@ -524,13 +526,12 @@ def overload(mine: dict, them: dict) -> dict:
     rate = min((r for r in mine["by_rate"] if r >= target and r in them["by_rate"]), default=None)
     if not them["sustainable_rate"] or rate is None:
         below = them.get("sustainable_below")
-        why = (
-            f"no rate of {target:g}/s or more measured on both"
-            if them["sustainable_rate"]
-            else f"the peer held none, down to {below:g}/s: its sustainable rate lies below, twice it below {2 * below:g}/s"
-            if below
-            else "no sustainable rate"
-        )
+        if them["sustainable_rate"]:
+            why = f"no rate of {target:g}/s or more measured on both"
+        elif below:
+            why = f"the peer held none, down to {below:g}/s: its sustainable rate lies below, twice it below {2 * below:g}/s"
+        else:
+            why = "no sustainable rate"
         print(f"    {goal}: n/a ({why}) -> NOT met", flush=True)
         return {"rate": None, "met": False}
     a, b = mine["by_rate"][rate], them["by_rate"][rate]

@@ -333,7 +333,7 @@ def test_the_batch_and_its_kv_budget_are_sized_for_the_device():
         with pytest.raises(SystemExit):
             server.parse_args(bad)
 
-    async def run():  # the engine sizes a budget left out when it first needs it, on its model's device
+    async def run():  # the engine sizes a budget left out for its model's device
         e = BatchEngine(model_of(exact(torch.float32)), max_batch=4, kv_memory=None)
         await asyncio.gather(*(text(BatchedJob(e, ids(i), params(i, 5)).start()) for i in range(3)))
         return e.batch.kv_memory

@@ -85,7 +85,7 @@ class Batch:
         kv_memory: int | None = KV_MEMORY,
     ) -> None:
         self.model, self.device, self.chunk, self.policy, self.clock = model, model.device, chunk, policy, clock
-        self.kv_memory = kv_memory  # None: sized for the device at the first need (kv.default_kv_memory)
+        self.kv_memory = default_kv_memory(str(self.device)) if kv_memory is None else kv_memory  # kv.py
         self.waiting, self.lock = waiting, lock  # shared with the event loop: touched under the lock
         self.joining: collections.deque[Row] = collections.deque()  # admitted, prompt being prefilled
         self.rows: list[Row] = []  # decoding
@@ -120,8 +120,6 @@ class Batch:
         if not len(self):
             return True
         longest = max(len(r.ids) + r.job.params.max_tokens for r in [*self.rows, *self.joining, row])
-        if self.kv_memory is None:  # here, on the engine's side: a GPU is asked only where the model runs
-            self.kv_memory = default_kv_memory(str(self.device))
         return (len(self) + 1) * longest * token_bytes(self.model.net) <= self.kv_memory
 
     def fail(self, error: BaseException) -> None:

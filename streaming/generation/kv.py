@@ -45,7 +45,8 @@ GPU_KV_SHARE = 0.5
 
 def default_kv_memory(device: str, total: int | None = None) -> int:
     """--kv-memory left out: KV_MEMORY, or on CUDA GPU_KV_SHARE of the device's memory (`total`
-    bytes; asked of the device when not given)."""
+    bytes; asked of the device when not given). The engine's batch calls it, on the model's side
+    (in the engine process with --engine process), so the server process never asks a GPU."""
     if not device.startswith("cuda"):
         return KV_MEMORY
     if total is None:
