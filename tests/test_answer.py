@@ -6,10 +6,12 @@ What an Answer promises: a normal end is logged as finished; a reader who leaves
 at once and is logged as having left (no end sent); a reader who cannot take a piece counts the
 same, unless the server is --naive (then the job goes on, for nobody); a stop said by the reader
 is logged as such; a failed job is a ProtocolError, which the exchange says as an HTTP error
-before the head and as the stream's own error after it; an answer the shutdown cut short leaves
+before the head and as the stream's own error after it (a job refused at admission, the request's
+fault, is its InvalidRequest: a 4xx, and in a resumable stream's recording an invalid_request); an answer the shutdown cut short leaves
 with 503 shutting_down, but not one whose reader had left."""
 
 import asyncio
+import json
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -283,6 +285,35 @@ def test_a_failed_job_is_a_500_in_the_familys_shape_before_the_head():
     assert outcomes(a) == {("/v1/chat/completions", "error"): 1.0}
 
 
+@pytest.mark.parametrize("path", ["/complete", "/v1/chat/completions"])
+def test_a_job_refused_at_admission_is_the_familys_invalid_request_not_a_500(path):
+    """An engine refuses an id past the model's vocabulary (Job.begin; a stream taken over from a
+    store can hold one) with InvalidRequest in the job's queue: the request's fault, so the
+    exchange says it as a request check (422 ours, 400 the APIs', a close 1008), never as a 500
+    "generation failed", and the answer is still logged."""
+
+    async def run():
+        a, _ = answers()
+        conn = FakeConnection()
+        ex = Exchange(conn, request(path), keep_alive=True)
+        ex.format = OpenAI() if path.startswith("/v1/") else None
+        job = ScriptedJob([], fail=InvalidRequest("token id 151936 is not in the model's vocabulary")).start()
+        try:
+            async with Answer(a, job, path) as answer:
+                async for _ in answer.pieces():
+                    pass
+        except (ProtocolError, InvalidRequest) as e:  # as protocol.py's exchange catches them
+            assert isinstance(e, InvalidRequest)
+            await ex.fail(e)
+        return a, conn, ex
+
+    a, conn, ex = asyncio.run(run())
+    head, body = head_and_body(conn.out)
+    assert head.status == (400 if path.startswith("/v1/") else 422) and not ex.reusable
+    assert b"token id 151936 is not in the model" in body and b"generation failed" not in body
+    assert b"invalid_request" in body and list(a.log) == [[path, 0, False]]
+
+
 def test_after_the_head_an_error_is_the_streams_own_event_never_a_status():
     async def run():
         a, _ = answers()
@@ -386,3 +417,25 @@ def test_the_pump_waits_for_its_readers_and_goes_on_when_one_reads_elsewhere():
     assert held == pumping.UNREAD + 1 and moved == 100 + pumping.UNREAD + 1 and rec.ended
     held, _, rec = asyncio.run(run(naive=True))  # the naive server generates every token for nobody
     assert held > pumping.UNREAD + 100 and rec.ended
+
+
+def test_a_resumable_streams_job_refused_at_admission_ends_its_recording_with_an_invalid_request():
+    """A stream taken over from a store whose answer so far holds an id past the vocabulary: its
+    engine refuses the job at admission (InvalidRequest), and the pump ends the recording with the
+    request's own error event (422 invalid_request), not a 500, and not a pump task that dies
+    with the recording left open for its readers."""
+    from streaming.server.resumable import pump as pumping
+    from streaming.server.resumable.recordings import Recording
+
+    async def run():
+        a, _ = answers()
+        job = ScriptedJob([], fail=InvalidRequest("token id 151943 is not in the model's vocabulary")).start()
+        rec = Recording("S", job)
+        await asyncio.wait_for(pumping.pump(a, rec, Article()), 5)
+        return rec
+
+    rec = asyncio.run(run())
+    events = EventParser().feed(b"".join(rec.events))
+    assert rec.ended and events[-1].event == "error"
+    said = "token id 151943 is not in the model's vocabulary"
+    assert json.loads(events[-1].data)["error"] == {"status": 422, "type": "invalid_request", "message": said}

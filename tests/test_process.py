@@ -4,9 +4,12 @@ Real server processes over real sockets: the same text as the batched engine in 
 process; a reader who leaves stops the engine process within a step; a queue's places reach the
 waiting reader; a killed engine process is an error to every reader it served (not a hang), a new
 one serves the next request; a resumable stream resumes; a server shut down leaves no engine
-process behind.
+process behind. And an engine process driven from the test's own loop: a request it refuses at
+admission is the InvalidRequest it was, across the pipe.
 """
 
+import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -17,6 +20,18 @@ import pytest
 from helpers import ServerProcess, http, metrics, server_log, wait_for_log
 from test_resume import drop_and_resume
 from test_server import read_events_then_leave
+
+import lm
+from streaming.generation.batched import PREFILL_CHUNK
+from streaming.generation.job import JobOptions
+from streaming.generation.kv import KV_MEMORY
+from streaming.generation.policy import Fifo
+from streaming.generation.process import EngineProcess, ProcessJob
+from streaming.generation.process_child import EngineSettings
+from streaming.generation.waiting import MAX_WAITING
+from streaming.model.loading import Model
+from streaming.wire.errors import InvalidRequest
+from streaming.wire.params import plain_request
 
 PROCESS = ("--engine", "process", "--token-delay", "0.02", "--ping", "0.2", "--max-batch", "2")
 
@@ -84,6 +99,44 @@ def test_a_request_beyond_max_batch_is_told_its_place(engine_process):
 
 def test_a_reader_who_drops_resumes_and_nothing_is_generated_twice(engine_process):
     drop_and_resume(engine_process.port)
+
+
+@pytest.mark.parametrize("where", ["prompt", "answer so far"])
+def test_an_id_past_the_vocabulary_is_the_engine_processs_invalid_request_not_a_failure(where):
+    """As the batched engine in the server's process (test_engine.py), the engine process refuses
+    such an id at admission, before any kernel (on a GPU it would end the CUDA context for every
+    request after it); its refusal crosses the pipe as the InvalidRequest it is, message, param and
+    status, so that the server says it in the endpoint's own shape (a 4xx, a close 1008), not as a
+    500 "generation failed". The next request is served. An answer's tokens taken over from a
+    store (`prior`) can hold such an id; the tokenizer makes none."""
+    size = lm.handle().vocabulary()
+    model = Model(dataclasses.replace(lm.handle().choice))  # its own: the engine process tells it its context
+    settings = EngineSettings(model.choice, JobOptions(), Fifo(), 2, PREFILL_CHUNK, MAX_WAITING, KV_MEMORY)
+    body = {"prompt": "Hello", "max_tokens": 5, "ignore_eos": True}
+    ids = lm.tok("Hello").input_ids
+    prompt, prior, bad = (ids + [size], [], size) if where == "prompt" else (ids, [5, size + 7], size + 7)
+
+    async def text(job):
+        out = []
+        while (x := await job.get()) is not None:
+            if isinstance(x, BaseException):
+                raise x
+            out.append(x)
+        return "".join(out)
+
+    async def run():
+        engine = EngineProcess(model, settings)
+        try:
+            await engine.start()
+            with pytest.raises(InvalidRequest) as refused:
+                await text(ProcessJob(engine, prompt, plain_request(body).params, prior=prior).start())
+            return refused.value, await text(ProcessJob(engine, ids, plain_request(body).params).start()), engine
+        finally:
+            await asyncio.to_thread(engine.close)
+
+    refused, good, engine = asyncio.run(run())
+    assert f"token id {bad} is not in the model's vocabulary" in refused.message and refused.status == 422
+    assert good and engine.jobs == {} and engine.restarts == 0
 
 
 def test_a_killed_engine_process_is_an_error_to_every_reader_and_a_new_one_serves(engine_process):

@@ -33,7 +33,7 @@ from streaming.generation.job import Job, Piece, StopFlag
 from streaming.generation.process_child import EngineSettings, relay, send
 from streaming.generation.process_child import main as engine_main
 from streaming.model.loading import Model
-from streaming.wire.errors import ProtocolError
+from streaming.wire.errors import InvalidRequest, ProtocolError
 
 RESTART_RETRY = 5  # seconds a refused request is told to wait while the engine process restarts
 EXIT_WAIT = 10.0  # seconds the engine process has to exit when told to at shutdown: then it is killed
@@ -119,8 +119,10 @@ class EngineProcess:
                 if kind == "end":
                     job.reason = msg[2]
                     job.out.put_nowait(None)
-                else:
+                elif msg[4] is None:
                     job.out.put_nowait(RuntimeError(msg[2]))
+                else:  # refused at admission: the request's own error, as the engine in this process gives it
+                    job.out.put_nowait(InvalidRequest(msg[2], *msg[4]))
                 self.release(job)
 
     def died(self, proc: Any, code: int | None) -> None:

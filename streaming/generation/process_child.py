@@ -14,7 +14,11 @@ the server's side, holds the other end):
     engine -> server   ("ready", said, context, facts)   ("failed", message)
                        ("metrics", {...})   ("batch", [a step's messages]), each of them
                        ("piece", jid, text, ids, produced)   ("end", jid, reason, stopped_at, produced)
-                       ("fail", jid, message, stopped_at, produced)   ("metrics", {...}) first if one ended
+                       ("fail", jid, message, stopped_at, invalid, produced)   ("metrics", {...}) first if one ended
+
+A "fail"'s `invalid` is None for a failure of the engine (a RuntimeError on the server's side: a
+500), or the (param, status) of a request refused at admission (Job.begin: an id past the model's
+vocabulary), which the server's side gives as the InvalidRequest it was (the endpoint's own 4xx).
 
 A receiving thread reads the pipe and hands each message to this process's event loop, so a stop
 reaches the engine thread between two of its steps, as in one process. The pipe's end is the
@@ -42,6 +46,7 @@ from streaming.generation.warm import warm
 from streaming.lossy import outlive_readers
 from streaming.model.choice import Choice
 from streaming.model.loading import Model, load_and_say
+from streaming.wire.errors import InvalidRequest
 
 METRICS_EVERY = 0.25  # seconds between the engine's counts sent while it has work (/metrics.json's age)
 
@@ -173,8 +178,10 @@ class Child:
         """A job's piece, end or failure (on the engine's thread), into the step's outbox."""
         if item is None:
             msg: tuple[Any, ...] = ("end", job.jid, job.reason, job.stop.at, job.produced)
+        elif isinstance(item, InvalidRequest):  # the server says it as the request's error (a 4xx), not a 500
+            msg = ("fail", job.jid, item.message, job.stop.at, (item.param, item.status), job.produced)
         elif isinstance(item, BaseException):
-            msg = ("fail", job.jid, str(item) or type(item).__name__, job.stop.at, job.produced)
+            msg = ("fail", job.jid, str(item) or type(item).__name__, job.stop.at, None, job.produced)
         else:
             msg = ("piece", job.jid, str(item), getattr(item, "ids", ()), job.produced)
         if msg[0] != "piece":

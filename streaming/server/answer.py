@@ -5,8 +5,9 @@
 
 Entering watches the reader: end-of-file on its connection stops the job at once (the article's
 point), unless the server is --naive. `pieces()` yields the job's text pieces, timing each, calls
-a keep-alive during silence, and raises the job's failure as a ProtocolError; `relay()` hands
-them to a delivery function as events, as many pieces an event as its `Merging` says
+a keep-alive during silence, and raises the job's failure as a ProtocolError (a request the
+engine refused at admission, an id past the vocabulary, as the InvalidRequest it is); `relay()`
+hands them to a delivery function as events, as many pieces an event as its `Merging` says
 (merging.py: one each by default, the first always alone; with adaptive merging, those already
 waiting while the reader's socket is behind go together), and notices a reader that cannot take
 one. Leaving, however it leaves, stops the job, stops watching, waits for the job's count of
@@ -36,7 +37,7 @@ from streaming.generation.job import Item, Job
 from streaming.server.merging import Merging
 from streaming.server.metrics import Metrics
 from streaming.server.state import Phase, ServerState
-from streaming.wire.errors import ProtocolError
+from streaming.wire.errors import InvalidRequest, ProtocolError
 from streaming.wire.stops import StopMatcher
 
 SHUTTING_DOWN = "the server is shutting down"
@@ -165,8 +166,9 @@ class Answer:
 
     async def pieces(self, keep_alive: KeepAlive | None = None) -> AsyncIterator[str]:
         """Yield the job's text pieces until its end; raise ProtocolError (500, or an upstream's
-        own) if it failed. After --ping seconds without a piece, call keep_alive(); if that says
-        the reader is gone (False), stop the job and return early."""
+        own) if it failed, or InvalidRequest if the engine refused it at admission (Job.begin).
+        After --ping seconds without a piece, call keep_alive(); if that says the reader is gone
+        (False), stop the job and return early."""
         job, ping = self.job, self.answers.ping
         while True:
             if self.kept:
@@ -185,8 +187,8 @@ class Answer:
                 item = getter.result()
             if item is None:
                 return
-            if isinstance(item, ProtocolError):  # an upstream's failure, in its own words
-                raise item
+            if isinstance(item, (ProtocolError, InvalidRequest)):  # an upstream's failure in its own
+                raise item  # words, or a request refused at admission: the exchange says it (a 4xx, 1008)
             if isinstance(item, BaseException):
                 raise ProtocolError(f"generation failed: {item}", 500, close_code=1011, kind="generation_failed")
             self.arrived()

@@ -105,8 +105,7 @@ class Exchange:
         400; a WebSocket closes with 1008)."""
         if isinstance(err, ProtocolError):
             return err
-        status = 400 if self.format is not None else err.status
-        return ProtocolError(err.message, status, close_code=1008, kind="invalid_request", param=err.param)
+        return err.problem(400 if self.format is not None else None)
 
     def error_body(self, err: ProtocolError) -> dict[str, Any]:
         return self.format.error_body(err) if self.format is not None else error_body(err)

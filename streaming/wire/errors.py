@@ -44,6 +44,13 @@ class InvalidRequest(ValueError):
         super().__init__(message)
         self.message, self.param, self.status = message, param, status
 
+    def problem(self, status: int | None = None) -> ProtocolError:
+        """This check's failure as a ProtocolError: `status` as the endpoint family says it (the
+        APIs say 400), else ours; a WebSocket closes with 1008."""
+        return ProtocolError(
+            self.message, status or self.status, close_code=1008, kind="invalid_request", param=self.param
+        )
+
 
 def error_body(err: ProtocolError) -> dict[str, object]:
     """Our own endpoints' error body; the APIs have theirs (openai.py, anthropic.py)."""

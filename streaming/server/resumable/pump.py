@@ -1,9 +1,9 @@
 """A resumable stream's generating side: its job's pieces into its recording, whoever reads it
 (or nobody, for a while), as one Answer (streaming/server/answer.py), then its end: `[DONE]`, or
-an error event (the job's failure, or the shutdown's cut), in the recording's own wire format
-(encodings.py). A job handed off to another replica
-(shutdown, or a stream taken over) ends without an end event: its readers reconnect, and the
-replica that takes it over writes the rest.
+an error event (the job's failure, a request refused at admission, or the shutdown's cut), in the
+recording's own wire format (encodings.py). A job handed off to another replica (shutdown, or a
+stream taken over) ends without an end event: its readers reconnect, and the replica that takes
+it over writes the rest.
 
 While more than UNREAD events are in the recording that no reader has been sent (here, or on
 another replica: its "read" notes say how far), the pump takes no more pieces from its job
@@ -21,7 +21,7 @@ from streaming.generation.job import Job
 from streaming.server.answer import Answer, Answers, Early
 from streaming.server.resumable.encodings import Encoding
 from streaming.server.resumable.recordings import Recording
-from streaming.wire.errors import ProtocolError
+from streaming.wire.errors import InvalidRequest, ProtocolError
 
 UNREAD = 256  # events recorded ahead of every reader before the pump waits for one
 RECHECK = 0.5  # seconds between looks at the job's stop flag while waiting (a thread sets it)
@@ -38,6 +38,8 @@ async def pump(answers: Answers, rec: Recording, enc: Encoding, path: str = "/st
                     await room(rec, job)
     except ProtocolError as e:
         enc.failed(rec, e)
+    except InvalidRequest as e:  # refused at admission (an id past the vocabulary in a store's answer)
+        enc.failed(rec, e.problem())
     else:
         if not job.handed_off:
             enc.done(rec, job.reason, job.prompt_tokens, answer.produced)
