@@ -128,15 +128,21 @@ def window(seconds: float | None, rate: float) -> float:
     return seconds if seconds is not None else max(SECONDS, MIN_ARRIVALS / rate)
 
 
-async def drive(port: int, requests, ours: bool, model: str | None):
+async def drive(port: int, requests, ours: bool, model: str | None, limit: float | None = None):
+    """Run `requests` against a server; each one's result or error. With `limit`, a request not
+    done `limit` seconds after the load began is cut (its connection closed: the server should
+    stop its work) and counts as failed, with a TimeoutError: one server that cannot keep up
+    costs the run a bounded time, and its row says how many it did not finish."""
     url = f"http://127.0.0.1:{port}"
 
     async def one(i, start, prompt, tokens):
         await asyncio.sleep(max(0.0, start - (time.perf_counter() - t0)))
+        text = PROMPTS[prompt]
+        call = client.api_post("openai", text, tokens, url, seed=i, extra=extra(ours, tokens), model=model)
         try:
-            text = PROMPTS[prompt]
-            return await client.api_post("openai", text, tokens, url, seed=i, extra=extra(ours, tokens), model=model)
-        except (OSError, ValueError, client.ServerError) as e:
+            left = None if limit is None else max(0.0, limit - (time.perf_counter() - t0))
+            return await asyncio.wait_for(call, left)
+        except (OSError, ValueError, client.ServerError) as e:  # (TimeoutError is an OSError)
             return e
 
     t0 = time.perf_counter()
@@ -166,6 +172,7 @@ def figures(requests, results, wall, tok) -> dict:
         **qoe.summary(scores),
         "requests": len(results),
         "failed": len(results) - len(good),
+        "cut": sum(isinstance(r, TimeoutError) for r in results),  # not done within --load-limit
         "first_error": next((repr(r)[:200] for r in results if isinstance(r, BaseException)), None),  # why
         "asked_tokens": sum(asked for _, asked in good),
         "generated_tokens": sum(g or 0 for g in generated),
@@ -324,8 +331,12 @@ def label(kind: str, x: float) -> str:
 def run(args, servers: dict, tok) -> dict:
     names = list(servers)
     out: dict = {name: {} for name in names}
-    for s in servers.values():  # warm: the first request's own costs (kernels, caches) out of the figures
+    for name, s in servers.items():  # warm: the first request's own costs (kernels, caches) out of the figures
         asyncio.run(drive(s["port"], workload("burst", 2, 0, 0), s["ours"], s["model"]))
+        if m := engine_counts(s):  # what it chose for its device where the options were left out
+            s["sizes"] = {"max_batch": m.get("max_batch"), "kv_memory": m.get("kv_memory")}
+            kv = f"{m['kv_memory'] / 2**30:.1f} GiB" if m.get("kv_memory") else "?"
+            print(f"{name}: --max-batch {m.get('max_batch')}, --kv-memory {kv}", flush=True)
     print(
         "\n  load                 server                           QoE mean  p10  >=.95  TTFT p50  p99 s"
         "  gap p99 ms  tokens/s  unequal",
@@ -338,7 +349,7 @@ def run(args, servers: dict, tok) -> dict:
             waited = settle(servers, args.settle)
             before, pid = engine_counts(s), s["process"].proc.pid
             cpu0, loop0 = cpu_ticks(pid), loop_ticks(pid)
-            results, wall = asyncio.run(drive(s["port"], requests, s["ours"], s["model"]))
+            results, wall = asyncio.run(drive(s["port"], requests, s["ours"], s["model"], args.load_limit))
             f = figures(requests, results, wall, tok) | {"settle_s": round(waited, 1)}
             f["cpu_s"], f["loop_cpu_s"] = ((cpu_ticks(pid) - cpu0) / TICK, (loop_ticks(pid) - loop0) / TICK)
             if kind == "single":
@@ -349,7 +360,11 @@ def run(args, servers: dict, tok) -> dict:
                 f"  {label(kind, x):20s} {name:32s} {f['qoe_mean']:.3f}  {f['qoe_p10']:.2f}  {f['qoe_share_95']:.2f}"
                 f"   {f['ttft_p50'] or 0:6.2f} {f['ttft_p99'] or 0:6.2f}   {1000 * (f['gap_p99'] or 0):8.0f}"
                 f"  {f['tokens_per_s'] or 0:8.1f}  {f['unequal']:4d}"
-                + (f"  ({f['failed']} failed: {f['first_error']})" if f["failed"] else "")
+                + (
+                    f"  ({f['failed']} failed, {f['cut']} of them cut at the limit: {f['first_error']})"
+                    if f["failed"]
+                    else ""
+                )
                 + (f"  (waited {waited:.0f} s for quiet)" if waited >= 1 else "")
                 + (
                     f"  {f['single_tokens_per_s']:.2f} tokens/s alone"
@@ -370,11 +385,11 @@ def run(args, servers: dict, tok) -> dict:
                     f" the reader's gap {f['gap_ms']:.1f} ms: {f['gap_ms'] / f['step_ms']:.3f}x the step",
                     flush=True,
                 )
-    steady(servers, out, tok)
+    steady(servers, out, tok, args.load_limit)
     return out
 
 
-def steady(servers: dict, out: dict, tok) -> None:
+def steady(servers: dict, out: dict, tok, limit: float | None = None) -> None:
     """§3's check: for each Poisson load on this server, a burst of as many readers as it served at
     once (rounded) right after, and the ratio of the steady load's tokens a second (while busy)
     to the burst's. The peer is not measured (the goal is this engine's)."""
@@ -387,7 +402,7 @@ def steady(servers: dict, out: dict, tok) -> None:
                 continue
             if f"burst {n}" not in out[name]:
                 requests = workload("burst", n, 0, seed=100 * n + 1)
-                results, wall = asyncio.run(drive(s["port"], requests, s["ours"], s["model"]))
+                results, wall = asyncio.run(drive(s["port"], requests, s["ours"], s["model"], limit))
                 out[name][f"burst {n}"] = figures(requests, results, wall, tok) | {"for_steady": True}
             burst = out[name][f"burst {n}"]["tokens_per_s"]
             f["steady_ratio"] = f["busy_tokens_per_s"] / burst if burst else None
@@ -594,6 +609,13 @@ def main(argv=None):
         help=f"seconds of arrivals at each rate (default {SECONDS:g}, more at a rate below {MIN_ARRIVALS / SECONDS:g}/s:"
         f" {MIN_ARRIVALS} arrivals expected)",
     )
+    p.add_argument(
+        "--load-limit",
+        type=float,
+        default=None,
+        help="seconds a load may run on a server: requests not done by then are cut and count as failed"
+        " (default: none; a lent GPU's minutes are few)",
+    )
     p.add_argument("--configs", default="qoe", help=f"this server's settings, of {', '.join(CONFIGS)}")
     p.add_argument("--peer", action=argparse.BooleanOptionalAction, default=True, help="run transformers serve too")
     p.add_argument("--results", default="results")
@@ -624,6 +646,7 @@ def main(argv=None):
         out["idle_cpu_ticks"] = idle_cpu(servers)
         print(f"idle CPU ticks in {IDLE_SECONDS:g} s (an idle server must use none): {out['idle_cpu_ticks']}")
         out["servers"] = run(args, servers, lm.tok)
+        out["sizes"] = {name: s["sizes"] for name, s in servers.items() if "sizes" in s}
     finally:
         stop(servers)
     out["headlines"] = headlines(out["servers"])

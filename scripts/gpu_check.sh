@@ -9,18 +9,30 @@
 # which cost what the real ones cost when every answer has its drawn length (the benchmarks make
 # it so). In order, each step bounded in time so that one hang leaves the rest their turn:
 # the machine; the two models; the engine's tests with the `exact` model on the GPU (the best
-# device found, as a user's would be); the step profile; the interleaved equal-work QoE bar
-# against `transformers serve --continuous-batching` on the same GPU, for each shape.
+# device found, as a user's would be; TESTS picks them); the step profile (PROFILE=0 leaves it
+# out); the interleaved equal-work QoE bar against `transformers serve --continuous-batching` on
+# the same GPU, for each shape, with this server's defaults for the device unless SERVER_ARGS
+# says otherwise, each load cut at LOAD_LIMIT seconds a server (a row then says how many of its
+# readers were cut). Packages the machine lacks (transformers serve's, this project's) travel as
+# wheels in WHEELS (the device tool's notes say how to fetch them), installed under /tmp/site.
 # Writes its logs and results under OUT. Leaves out: quality (the weights are random).
 set -u
 OUT=${OUT:-results/gpu}
 SHAPE=${SHAPE:-.shape}
 PY=${PY:-python3}
 DEVICE=${DEVICE:-cuda}
-LOADS=${LOADS:---rates 8,32 --bursts 48,128 --seconds 10}   # the 0.5B shape's loads
-LOADS15=${LOADS15:---rates 16 --bursts 48 --seconds 10}      # the 1.5B shape's (fewer: minutes are few)
-SERVER_ARGS=${SERVER_ARGS:---max-batch 128}                 # MAX_BATCH (64) is sized for a CPU's memory
+LOADS=${LOADS:---rates 16,32 --bursts 128 --seconds 8}   # the 0.5B shape's loads
+LOADS15=${LOADS15:---rates 16 --bursts= --seconds 8}     # the 1.5B shape's (fewer: minutes are few)
+SERVER_ARGS=${SERVER_ARGS:-}                          # none: the defaults sized for the device
+LOAD_LIMIT=${LOAD_LIMIT:-40}
+TESTS=${TESTS:-tests/test_engine.py tests/test_sharing.py}
+PROFILE=${PROFILE:-1}
+WHEELS=${WHEELS:-.whl}
 mkdir -p "$OUT"
+if ls "$WHEELS"/*.whl >/dev/null 2>&1; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$WHEELS"/*.whl || exit
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} PATH=/tmp/site/bin:$PATH
+fi
 export PYTHONUNBUFFERED=1 LM_CACHE=$SHAPE/cache
 export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD"  # the checkout's modules (client, lm), uninstalled there
 export TOKENIZERS_PARALLELISM=false
@@ -39,12 +51,13 @@ nvidia-smi -L
 $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA')"
 step 60 $PY scripts/shaped_model.py /tmp/m05 --source "$SOURCE" --device "$DEVICE"
 step 90 $PY scripts/shaped_model.py /tmp/m15 --shape 1.5b --source "$SOURCE" --device "$DEVICE"
-step 100 $PY -m pytest -q -p no:cacheprovider tests/test_engine.py tests/test_sharing.py
-step 90 $PY scripts/bench.py profile --model /tmp/m05 --device "$DEVICE" --results "$OUT/p05"
+# shellcheck disable=SC2086 # TESTS is several paths and options
+step 100 $PY -m pytest -q -p no:cacheprovider $TESTS
+[ "$PROFILE" = 1 ] && step 90 $PY scripts/bench.py profile --model /tmp/m05 --device "$DEVICE" --results "$OUT/p05"
 # shellcheck disable=SC2086 # LOADS is several options
 step 220 $PY scripts/bench.py qoe --model /tmp/m05 --device "$DEVICE" $LOADS --settle 3 \
-    --server-args "$SERVER_ARGS" --results "$OUT/q05"
+    --load-limit "$LOAD_LIMIT" --server-args "$SERVER_ARGS" --results "$OUT/q05"
 # shellcheck disable=SC2086
 step 140 $PY scripts/bench.py qoe --model /tmp/m15 --device "$DEVICE" $LOADS15 --settle 3 \
-    --server-args "$SERVER_ARGS" --results "$OUT/q15"
+    --load-limit "$LOAD_LIMIT" --server-args "$SERVER_ARGS" --results "$OUT/q15"
 echo "== done in $(($(date +%s) - T0)) s"

@@ -315,6 +315,7 @@ def test_metrics_show_the_engine(servers):
     m = metrics(port)
     assert {"active", "waiting", "steps", "tokens_generated", "tokens_after_stop", "requests_stopped"} <= set(m)
     assert m["steps"] > 0 and m["tokens_generated"] >= 5 and m["max_batch"] == default_max_batch(lm.DEVICE)
+    assert m["kv_memory"] == default_kv_memory(lm.DEVICE)
 
 
 def test_the_batch_and_its_kv_budget_are_sized_for_the_device():

@@ -126,6 +126,7 @@ class BatchEngine:
                 "engine": "batched",
                 "schedule": b.policy.name,
                 "max_batch": self.max_batch,
+                "kv_memory": b.kv_memory,  # bytes: --kv-memory, or the budget sized for the device
                 "active": b.active(),
                 "waiting": len(self.waiting),
                 "steps": self.steps,
