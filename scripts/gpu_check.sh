@@ -52,12 +52,12 @@ $PY -c "import torch, transformers; print('torch', torch.__version__, 'transform
 step 60 $PY scripts/shaped_model.py /tmp/m05 --source "$SOURCE" --device "$DEVICE"
 step 90 $PY scripts/shaped_model.py /tmp/m15 --shape 1.5b --source "$SOURCE" --device "$DEVICE"
 # shellcheck disable=SC2086 # TESTS is several paths and options
-step 100 $PY -m pytest -q -p no:cacheprovider $TESTS
+step 90 $PY -m pytest -q -p no:cacheprovider $TESTS
 [ "$PROFILE" = 1 ] && step 90 $PY scripts/bench.py profile --model /tmp/m05 --device "$DEVICE" --results "$OUT/p05"
 # shellcheck disable=SC2086 # LOADS is several options
-step 220 $PY scripts/bench.py qoe --model /tmp/m05 --device "$DEVICE" $LOADS --settle 3 \
+step 250 $PY scripts/bench.py qoe --model /tmp/m05 --device "$DEVICE" $LOADS --settle 3 \
     --load-limit "$LOAD_LIMIT" --server-args "$SERVER_ARGS" --results "$OUT/q05"
 # shellcheck disable=SC2086
-step 140 $PY scripts/bench.py qoe --model /tmp/m15 --device "$DEVICE" $LOADS15 --settle 3 \
+step 160 $PY scripts/bench.py qoe --model /tmp/m15 --device "$DEVICE" $LOADS15 --settle 3 \
     --load-limit "$LOAD_LIMIT" --server-args "$SERVER_ARGS" --results "$OUT/q15"
 echo "== done in $(($(date +%s) - T0)) s"
