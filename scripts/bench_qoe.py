@@ -31,7 +31,7 @@ share of readers at QoE >= 0.95, TTFT p50/p99, gap p99 between pieces, tokens a 
 usage), and the ratio to the peer. Headlines: the sustainable rate (the highest with mean QoE >=
 0.95), readers served (the largest burst with 95% at >= 0.95), and the issue's goals, each said
 met or not (the overload goal at the lowest measured rate of at least twice the peer's sustainable
-one). A peer's headline of 0 (no rate held, no burst served) is read as a bound: below the lowest
+one; where the peer held no rate, the most its ratio can be, from the peer's QoE at twice the lowest). A peer's headline of 0 (no rate held, no burst served) is read as a bound: below the lowest
 level measured, so the ratio is "more than" ours over that level. Saves results/qoe.json and
 results/qoe.png. Benchmarks are not tests: nothing here asserts. `python scripts/bench.py guidellm` runs the field's tool against the same servers.
 
@@ -545,6 +545,9 @@ def overload(mine: dict, them: dict) -> dict:
             why = f"no rate of {target:g}/s or more measured on both"
         elif below:
             why = f"the peer held none, down to {below:g}/s: its sustainable rate lies below, twice it below {2 * below:g}/s"
+            if (most := overload_bound(them, 2 * below)) is not None and most < OVERLOAD_QOE:
+                print(f"    {goal}: at most {most:.2f}x ({why}) -> NOT met", flush=True)
+                return {"rate": None, "ratio_at_most": most, "met": False}
         else:
             why = "no sustainable rate"
         print(f"    {goal}: n/a ({why}) -> NOT met", flush=True)
@@ -557,6 +560,16 @@ def overload(mine: dict, them: dict) -> dict:
         flush=True,
     )
     return {"rate": rate, "ratio": ratio, "share_95": a["qoe_share_95"], "met": met}
+
+
+def overload_bound(them: dict, under: float) -> float | None:
+    """Where twice the peer's sustainable rate is only known to lie under `under`: the most the
+    QoE ratio there can be. QoE falls as the rate grows, so the peer's QoE there is at least its
+    QoE at any measured rate from `under` up, and ours is at most 1: the ratio is at most 1 over
+    the peer's QoE at the lowest such rate. None where no such rate was measured on the peer."""
+    rate = min((r for r in them["by_rate"] if r >= under), default=None)
+    floor = them["by_rate"][rate]["qoe_mean"] if rate is not None else 0.0
+    return 1.0 / floor if floor else None
 
 
 def plot(out, path):
