@@ -26,14 +26,17 @@ A comparison that cannot flatter either side:
 
 Loads: Poisson arrivals at each rate (requests a second, for --seconds, else for SECONDS or long
 enough to expect MIN_ARRIVALS, answers of LENGTHS tokens uniform) and bursts (N requests at once,
-BURST_TOKENS each), OpenAI chat streams of the prompts in prompts.json at temperature 0.7, top_p 0.9. Per load and server: mean QoE, p10, the
-share of readers at QoE >= 0.95, TTFT p50/p99, gap p99 between pieces, tokens a second (by
-usage), and the ratio to the peer. Headlines: the sustainable rate (the highest with mean QoE >=
-0.95), readers served (the largest burst with 95% at >= 0.95), and the issue's goals, each said
-met or not (the overload goal at the lowest measured rate of at least twice the peer's sustainable
-one; where the peer held no rate, the most its ratio can be, from the peer's QoE at twice the lowest). A peer's headline of 0 (no rate held, no burst served) is read as a bound: below the lowest
-level measured, so the ratio is "more than" ours over that level. Saves results/qoe.json and
-results/qoe.png. Benchmarks are not tests: nothing here asserts. `python scripts/bench.py guidellm` runs the field's tool against the same servers.
+BURST_TOKENS each), OpenAI chat streams of the prompts in prompts.json at temperature 0.7, top_p
+0.9. Per load and server: mean QoE, p10, the share of readers at QoE >= 0.95, TTFT p50/p99, gap p99
+between pieces, tokens a second (by usage), and the ratio to the peer. Headlines: the sustainable
+rate (the highest with mean QoE >= 0.95), readers served (the largest burst with 95% at >= 0.95),
+and the issue's goals, each said met or not (the overload goal at the lowest measured rate of at
+least twice the peer's sustainable one; where the peer held no rate, the most its ratio can be,
+from the peer's QoE at the lowest measured rate at or past twice the lowest). A peer's headline of
+0 (no rate held, no burst served) is read as a bound: below the lowest level measured, so the ratio
+is "more than" ours over that level. Saves results/qoe.json (and results/qoe-partial.json after
+each load) and results/qoe.png. Benchmarks are not tests: nothing here asserts. `python
+scripts/bench.py guidellm` runs the field's tool against the same servers.
 
 Leaves out: llama.cpp's server (it builds from source here, about 10 minutes) and vLLM (no
 CPU build here).
@@ -136,13 +139,15 @@ async def drive(port: int, requests, ours: bool, model: str | None, limit: float
     url = f"http://127.0.0.1:{port}"
 
     async def one(i, start, prompt, tokens):
+        if limit is not None and start >= limit:  # arrives after the cut: not sent, not waited for
+            return asyncio.TimeoutError()
         await asyncio.sleep(max(0.0, start - (time.perf_counter() - t0)))
         text = PROMPTS[prompt]
         call = client.api_post("openai", text, tokens, url, seed=i, extra=extra(ours, tokens), model=model)
         try:
             left = None if limit is None else max(0.0, limit - (time.perf_counter() - t0))
             return await asyncio.wait_for(call, left)
-        except (OSError, ValueError, client.ServerError) as e:  # (TimeoutError is an OSError)
+        except (OSError, ValueError, client.ServerError, asyncio.TimeoutError) as e:  # (3.10: not an OSError)
             return e
 
     t0 = time.perf_counter()
@@ -172,7 +177,7 @@ def figures(requests, results, wall, tok) -> dict:
         **qoe.summary(scores),
         "requests": len(results),
         "failed": len(results) - len(good),
-        "cut": sum(isinstance(r, TimeoutError) for r in results),  # not done within --load-limit
+        "cut": sum(isinstance(r, asyncio.TimeoutError) for r in results),  # not done within --load-limit
         "first_error": next((repr(r)[:200] for r in results if isinstance(r, BaseException)), None),  # why
         "asked_tokens": sum(asked for _, asked in good),
         "generated_tokens": sum(g or 0 for g in generated),
@@ -333,7 +338,7 @@ def run(args, servers: dict, tok) -> dict:
     out: dict = {name: {} for name in names}
     for name, s in servers.items():  # warm: the first request's own costs (kernels, caches) out of the figures
         asyncio.run(drive(s["port"], workload("burst", 2, 0, 0), s["ours"], s["model"]))
-        if m := engine_counts(s):  # what it chose for its device where the options were left out
+        if (m := engine_counts(s)) and "max_batch" in m:  # what it chose for its device where the options were left out
             s["sizes"] = {"max_batch": m.get("max_batch"), "kv_memory": m.get("kv_memory")}
             kv = f"{m['kv_memory'] / 2**30:.1f} GiB" if m.get("kv_memory") else "?"
             print(f"{name}: --max-batch {m.get('max_batch')}, --kv-memory {kv}", flush=True)
@@ -356,6 +361,7 @@ def run(args, servers: dict, tok) -> dict:
                 f["single_tokens_per_s"] = single_rate(results[0])
                 f |= lone_step(before, engine_counts(s), f["single_tokens_per_s"])
             out[name][f"{kind} {x:g}"] = f
+            client.save(Path(args.results) / "qoe-partial.json", out)  # what a run stopped short keeps
             print(
                 f"  {label(kind, x):20s} {name:32s} {f['qoe_mean']:.3f}  {f['qoe_p10']:.2f}  {f['qoe_share_95']:.2f}"
                 f"   {f['ttft_p50'] or 0:6.2f} {f['ttft_p99'] or 0:6.2f}   {1000 * (f['gap_p99'] or 0):8.0f}"
@@ -405,7 +411,8 @@ def steady(servers: dict, out: dict, tok, limit: float | None = None) -> None:
                 results, wall = asyncio.run(drive(s["port"], requests, s["ours"], s["model"], limit))
                 out[name][f"burst {n}"] = figures(requests, results, wall, tok) | {"for_steady": True}
             burst = out[name][f"burst {n}"]["tokens_per_s"]
-            f["steady_ratio"] = f["busy_tokens_per_s"] / burst if burst else None
+            cut = f["cut"] or out[name][f"burst {n}"]["cut"]  # a cut load's tokens/s is not its own: no ratio
+            f["steady_ratio"] = f["busy_tokens_per_s"] / burst if burst and not cut else None
             print(
                 f"  steady {key.split()[1]}/s, {name}: {f['busy_tokens_per_s']:.1f} tokens/s with "
                 f"{f['readers_at_once']:.1f} readers at once ({f['busy_s']:.0f} s busy); a burst of {n}: "
@@ -636,6 +643,10 @@ def main(argv=None):
     args.rates = QUICK["rates"] if args.quick else [float(x) for x in args.rates.split(",") if x]
     args.bursts = QUICK["bursts"] if args.quick else [int(x) for x in args.bursts.split(",") if x]
     args.seconds = QUICK["seconds"] if args.quick else args.seconds
+    if args.load_limit is not None and any(window(args.seconds, r) >= args.load_limit for r in args.rates):
+        p.error(
+            "--load-limit must be longer than every rate's seconds of arrivals (--seconds): arrivals after it are cut"
+        )
     lm.configure(model=args.model, device=args.device)
     args.dtype_asked = args.dtype is not None
     args.dtype = args.dtype or str(lm.dtype()).removeprefix("torch.")

@@ -13,7 +13,8 @@
 # out); the interleaved equal-work QoE bar against `transformers serve --continuous-batching` on
 # the same GPU, for each shape, with this server's defaults for the device unless SERVER_ARGS
 # says otherwise, each load cut at LOAD_LIMIT seconds a server (a row then says how many of its
-# readers were cut). Packages the machine lacks (transformers serve's, this project's) travel as
+# readers were cut; each bar saves qoe-partial.json after every load, so a step stopped at its time
+# keeps what it measured). Packages the machine lacks (transformers serve's, this project's) travel as
 # wheels in WHEELS (the device tool's notes say how to fetch them), installed under /tmp/site.
 # Writes its logs and results under OUT. Leaves out: quality (the weights are random).
 set -u
@@ -24,7 +25,7 @@ DEVICE=${DEVICE:-cuda}
 LOADS=${LOADS:---rates 16,32 --bursts 128 --seconds 8}   # the 0.5B shape's loads
 LOADS15=${LOADS15:---rates 16 --bursts= --seconds 8}     # the 1.5B shape's (fewer: minutes are few)
 SERVER_ARGS=${SERVER_ARGS:-}                          # none: the defaults sized for the device
-LOAD_LIMIT=${LOAD_LIMIT:-40}
+LOAD_LIMIT=${LOAD_LIMIT:-40}  # s a load may run on a server: 8 s of arrivals, then a 300-token answer at ~60 ms a step
 TESTS=${TESTS:-tests/test_engine.py tests/test_sharing.py}
 PROFILE=${PROFILE:-1}
 WHEELS=${WHEELS:-.whl}
