@@ -16,6 +16,15 @@
 # readers were cut; each bar saves qoe-partial.json after every load, so a step stopped at its time
 # keeps what it measured). Packages the machine lacks (transformers serve's, this project's) travel as
 # wheels in WHEELS (the device tool's notes say how to fetch them), installed under /tmp/site.
+# The wheels the H200's image lacked on 2026-12-04 (its torch 2.11 and tokenizers serve; numpy,
+# pyyaml, tqdm, h11, typer, rich, requests are there), fetched here with the device tool's
+# `pip download --no-deps --only-binary=:all: --python-version 3.12 ... -d .whl` line:
+#   transformers==5.25.0 kernels==0.19.1 huggingface_hub==2.4.0 tomlkit hf-xet==1.8.0 httpx2==2.16.2
+#   httpcore2==2.16.2 truststore idna==3.20 openai==3.60.0 distro jiter==0.19.0 sniffio==1.3.1
+#   pydantic==2.14.4 pydantic_core==2.50.5 typing-inspection==0.4.5 annotated-types==0.8.0
+#   typing_extensions==4.16.0 anyio==4.16.0 click==8.5.1 regex==2026.11.19 filelock==4.3.2
+#   fsspec==2026.9.0 fastapi==0.165.0 opentelemetry-api==1.45.2 starlette==1.10.0 uvicorn==0.55.0
+#   redis==8.2.0 gguf==0.19.0        (29 wheels, 29 MB; the versions of this project's .venv)
 # Writes its logs and results under OUT. Leaves out: quality (the weights are random).
 set -u
 OUT=${OUT:-results/gpu}
