@@ -8,6 +8,10 @@ import openai
 import pytest
 from helpers import server_log, wait_for_log
 
+from streaming.wire.anthropic import Anthropic
+from streaming.wire.completions import Completions
+from streaming.wire.openai import OpenAI
+from streaming.wire.responses import Responses
 from streaming.wire.stops import StopMatcher
 
 MESSAGES = [{"role": "user", "content": "Tell me about lighthouses."}]
@@ -251,6 +255,33 @@ def test_anthropic_sdk_raises_bad_request(servers):
 
 
 # --- StopMatcher without sockets ------------------------------------------------------------------
+
+
+FORMATS = [  # each API's format and the least of a streamed request's body
+    (OpenAI(), {"messages": [{"role": "user", "content": "hi"}], "stream": True}, "type", "server_error"),
+    (Completions(), {"prompt": "hi", "stream": True}, "type", "server_error"),
+    (
+        Anthropic(),
+        {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]},
+        "type",
+        "api_error",
+    ),
+    (Responses(), {"input": "hi", "stream": True}, "code", "server_error"),
+]
+
+
+@pytest.mark.parametrize("fmt, body, field, server", FORMATS, ids=lambda x: getattr(x, "name", None))
+def test_a_failure_after_the_head_is_typed_by_the_status_it_would_have_had(fmt, body, field, server):
+    """The APIs' streams send their head at once, so a request the engine refuses at admission (an
+    id past the vocabulary from a store) fails after it: its error event says it was the request
+    (an invalid request, as a 400 before the head would), and an engine's failure still says the
+    server's."""
+    enc = fmt.stream("m", fmt.parse(body), 3)
+    refused, failed = enc.error("token id 9 is not in the model's vocabulary", 400), enc.error("boom")
+    assert b"token id 9" in refused and b"boom" in failed
+    assert f'"{server}"'.encode() in failed and f'"{server}"'.encode() not in refused
+    invalid = b'"invalid_prompt"' if field == "code" else b'"invalid_request_error"'
+    assert invalid in refused
 
 
 @pytest.mark.parametrize("cut", range(1, 12))

@@ -90,7 +90,7 @@ async def stream(ctx: Context, ex: Exchange, fmt: Format, api: ApiRequest, job: 
     out = answer_stream(ctx, fmt, api, job, enc)  # stop strings and tool calls
 
     async def ending(err: ProtocolError) -> None:
-        await ex.send(enc.error(err.message))
+        await ex.send(enc.error(err.message, err.status))
 
     async def deliver(piece: str) -> bool:
         data = out.push(piece)

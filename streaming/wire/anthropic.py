@@ -222,5 +222,6 @@ class AnthropicStream:
             + named("message_stop", {"type": "message_stop"})
         )
 
-    def error(self, message: str) -> bytes:
-        return named("error", {"type": "error", "error": {"type": "api_error", "message": message}})
+    def error(self, message: str, status: int = 500) -> bytes:
+        kind = kind_of(status, "api_error")
+        return named("error", {"type": "error", "error": {"type": kind, "message": message}})

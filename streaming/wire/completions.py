@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from streaming.wire import sse
-from streaming.wire.apis import ApiRequest, Call, Finish, stops
+from streaming.wire.apis import ApiRequest, Call, Finish, kind_of, stops
 from streaming.wire.errors import InvalidRequest, ProtocolError
 from streaming.wire.openai import OpenAI, usage
 from streaming.wire.params import MAX_SEED, MAX_TOKENS, GenerationParams, number, stream_interval, unicode
@@ -152,6 +152,6 @@ class CompletionsStream:
             out += self.chunk([], usage(self.prompt_tokens, completion_tokens))
         return out + sse.DONE
 
-    def error(self, message: str) -> bytes:
-        body = {"error": {"message": message, "type": "server_error", "param": None, "code": None}}
+    def error(self, message: str, status: int = 500) -> bytes:
+        body = {"error": {"message": message, "type": kind_of(status, "server_error"), "param": None, "code": None}}
         return sse.event(json.dumps(body))

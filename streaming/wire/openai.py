@@ -238,9 +238,11 @@ class OpenAIStream:
             out += self.chunk([], usage(self.prompt_tokens, completion_tokens), final_usage=True)
         return out + sse.DONE
 
-    def error(self, message: str) -> bytes:
-        """A failure after the 200: a data event with an `error` member, which the SDK raises."""
-        body = {"error": {"message": message, "type": "server_error", "param": None, "code": None}}
+    def error(self, message: str, status: int = 500) -> bytes:
+        """A failure after the 200: a data event with an `error` member, which the SDK raises,
+        typed as the status would have been before the head (a request refused at admission is
+        an invalid_request_error)."""
+        body = {"error": {"message": message, "type": kind_of(status, "server_error"), "param": None, "code": None}}
         return sse.event(json.dumps(body))
 
 

@@ -375,6 +375,14 @@ class ResponsesStream:
         ]
 
 
+def failure_code(status: int) -> str:
+    """A failed response's `error.code` for what would have been this status before the head:
+    the Responses API names codes, not types (a request refused at admission: its prompt)."""
+    if status >= 500:
+        return "server_error"
+    return "rate_limit_exceeded" if status == 429 else "invalid_prompt"
+
+
 def part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
@@ -414,5 +422,5 @@ class ResponsesBytes:
     def end(self, finish: Finish, completion_tokens: int) -> bytes:
         return encoded(self.events.closing(finish, self.prompt_tokens, completion_tokens))
 
-    def error(self, message: str) -> bytes:
-        return encoded(self.events.failure(message))
+    def error(self, message: str, status: int = 500) -> bytes:
+        return encoded(self.events.failure(message, failure_code(status)))

@@ -26,7 +26,7 @@ from streaming.server.resumable.recordings import Recording
 from streaming.wire.answers import AnswerStream
 from streaming.wire.apis import Finish
 from streaming.wire.errors import ProtocolError, error_body
-from streaming.wire.responses import Responses, ResponsesStream, dumps, echo
+from streaming.wire.responses import Responses, ResponsesStream, dumps, echo, failure_code
 from streaming.wire.sse import EventParser
 from streaming.wire.tools import Tools
 
@@ -94,7 +94,7 @@ class ResponsesEvents:
 
     def failed(self, rec: Recording, err: ProtocolError) -> None:
         self.rec = rec
-        self.add(self.stream.failure(err.message), last=True)
+        self.add(self.stream.failure(err.message, failure_code(err.status)), last=True)
 
 
 class Sink:
@@ -130,7 +130,7 @@ class Sink:
     def end(self, finish: Finish, completion_tokens: int) -> bytes:  # noqa: ARG002
         return b""
 
-    def error(self, message: str) -> bytes:  # noqa: ARG002
+    def error(self, message: str, status: int = 500) -> bytes:  # noqa: ARG002
         return b""
 
 
