@@ -339,9 +339,9 @@ def run(args, servers: dict, tok) -> dict:
     for name, s in servers.items():  # warm: the first request's own costs (kernels, caches) out of the figures
         asyncio.run(drive(s["port"], workload("burst", 2, 0, 0), s["ours"], s["model"]))
         if (m := engine_counts(s)) and "max_batch" in m:  # what it chose for its device where the options were left out
-            s["sizes"] = {"max_batch": m.get("max_batch"), "kv_memory": m.get("kv_memory")}
+            s["sizes"] = {"max_batch": m["max_batch"], "kv_memory": m.get("kv_memory")}
             kv = f"{m['kv_memory'] / 2**30:.1f} GiB" if m.get("kv_memory") else "?"
-            print(f"{name}: --max-batch {m.get('max_batch')}, --kv-memory {kv}", flush=True)
+            print(f"{name}: --max-batch {m['max_batch']}, --kv-memory {kv}", flush=True)
     print(
         "\n  load                 server                           QoE mean  p10  >=.95  TTFT p50  p99 s"
         "  gap p99 ms  tokens/s  unequal",
@@ -512,30 +512,28 @@ def compare(heads: dict) -> dict:
             continue
         verdicts[name] = {}
         for goal, key, factor, better in GOALS:
-            below = them.get(BELOW.get(key, ""))
-            ratio, shown = goal_ratio(h[key], them[key], below)
+            ratio, shown, bound = goal_ratio(h[key], them[key], them.get(BELOW.get(key, "")))
             met = ratio is not None and (ratio >= factor if better == "higher" else ratio <= factor)
             finite = ratio if ratio is None or ratio < float("inf") else "inf"  # JSON has no infinity
-            bound = ratio is not None and not them[key] and bool(below)  # "more than": goal_ratio's bound
             verdicts[name][key] = {"ratio": finite, "met": met, "bound": bound}
             print(f"    {goal}: {shown} -> {'met' if met else 'NOT met'}", flush=True)
         verdicts[name]["overload"] = overload(h, them)
     return verdicts
 
 
-def goal_ratio(mine, theirs, below) -> tuple[float | None, str]:
-    """Ours over the peer's, and how to say it: a plain ratio; a bound where the peer's 0 means
-    "below the lowest level measured" (BELOW); infinite where the peer's figure is a measured 0
-    (a QoE) and ours is not."""
+def goal_ratio(mine, theirs, below) -> tuple[float | None, str, bool]:
+    """Ours over the peer's, how to say it, and whether it is a bound: a plain ratio; a bound
+    ("more than") where the peer's 0 means "below the lowest level measured" (BELOW); infinite
+    where the peer's figure is a measured 0 (a QoE) and ours is not."""
     if mine is None or theirs is None:
-        return None, "n/a"
+        return None, "n/a", False
     if theirs:
-        return mine / theirs, f"{mine / theirs:.2f}x"
+        return mine / theirs, f"{mine / theirs:.2f}x", False
     if below:
-        return mine / below, f"more than {mine / below:.2f}x (the peer held none, down to {below:g})"
+        return mine / below, f"more than {mine / below:.2f}x (the peer held none, down to {below:g})", True
     if mine:
-        return float("inf"), "inf (the peer's 0)"
-    return None, "n/a (both 0)"
+        return float("inf"), "inf (the peer's 0)", False
+    return None, "n/a (both 0)", False
 
 
 def overload(mine: dict, them: dict) -> dict:
