@@ -25,6 +25,7 @@ from streaming.generation.backend import ENGINES
 from streaming.generation.batched import GPU_MAX_BATCH, MAX_BATCH, MAX_WAITING, PREFILL_CHUNK, default_max_batch
 from streaming.generation.kv import GPU_KV_SHARE, KV_MEMORY
 from streaming.generation.policy import PREFILL_BUDGET, SCHEDULES
+from streaming.generation.speculation import MAX_SPECULATE, SPECULATE
 from streaming.generation.upstream.pool import FIRST_TEXT, SILENCE, Upstream
 from streaming.lossy import outlive_readers
 from streaming.model.loading import load_and_say
@@ -68,6 +69,8 @@ def parse_args(argv=None):
         )
     if not 1 <= args.stream_interval <= MAX_STREAM_INTERVAL:
         p.error(f"--stream-interval must be from 1 to {MAX_STREAM_INTERVAL}")
+    if not 0 <= args.speculate <= MAX_SPECULATE:
+        p.error(f"--speculate must be from 0 to {MAX_SPECULATE}")
     if args.max_waiting < 0:
         p.error("--max-waiting must be 0 (refuse whenever the batch is full) or more")
     if args.kv_memory is not None and not args.kv_memory > 0:
@@ -117,6 +120,13 @@ def engine_options(g):
         choices=SCHEDULES,
         default="qoe",
         help="batched: fifo runs every row every step; qoe runs first the rows whose readers are about to wait",
+    )
+    g.add_argument(
+        "--speculate",
+        type=int,
+        default=SPECULATE,
+        help="batched: guessed tokens (looked up in each answer's own text) a step of at most N rows may carry "
+        "and keep where the row's sampling agrees; 0: none",
     )
     g.add_argument("--queue", type=int, default=0, help="thread engine: bound each request's queue to N pieces")
     g.add_argument(

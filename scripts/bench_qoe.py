@@ -87,6 +87,8 @@ CONFIGS = {  # this server's settings to compare: name -> options
     "qoe+w8a8": ["--schedule", "qoe", "--quantize", "w8a8"],  # int8 weights and rows, fbgemm (down_proj: weights)
     "qoe+linear": ["--schedule", "qoe", "--kernels", "linear"],  # F.linear everywhere: what kernels.py gains
     "qoe+process": ["--schedule", "qoe", "--engine", "process"],  # the engine in a process of its own
+    "qoe+nospec": ["--schedule", "qoe", "--speculate", "0"],  # no guessed tokens (speculation.py)
+    "qoe+w8a8+nospec": ["--schedule", "qoe", "--quantize", "w8a8", "--speculate", "0"],
 }
 PEER = "transformers serve"
 # The goals (#22), each a check of the headlines against the peer's.

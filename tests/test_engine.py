@@ -133,6 +133,7 @@ class Recording(BatchEngine):
     def __init__(self, **kw):
         super().__init__(**kw)
         b = self.batch
+        b.policy.speculate = 0  # it feeds its own tokens: no guesses (their logits would be recorded too)
         self.batch = RecordingBatch(b.model, b.chunk, b.policy, b.clock, b.waiting, b.lock)
 
 

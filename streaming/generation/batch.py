@@ -17,6 +17,8 @@ it without a thread: rows admitted by hand, `step()` with a fake clock.
   kept system prompt from the kept prefixes), computing only the rest; if that beginning is
   still being computed in the other's slot, it waits and copies it then (sharing.py);
 - a prompt whose last piece is in gets its first token from that pass and joins the decoding rows;
+- a step of a few rows and no prompt carries guessed tokens after each row's next one, looked up
+  in its own text (speculation.py), and the row keeps those its own draws choose anyway;
 - each row samples with its own seeded draws, temperature and top_p (sampling.choose_batch), and
   its tokens go through its job's per-token routine (job.py).
 
@@ -34,11 +36,12 @@ import torch
 
 from streaming.generation import attention, sharing
 from streaming.generation.job import Job
-from streaming.generation.kv import KV_MEMORY, Layout, SlotKV, default_kv_memory, token_bytes
+from streaming.generation.kv import KV_MEMORY, Layout, SlotKV, default_kv_memory, fits
 from streaming.generation.parts import StepParts
 from streaming.generation.policy import Fifo, Qoe, StepCosts, prefill_group, stretch
 from streaming.generation.prefixes import Prefixes
 from streaming.generation.sampling import Draws, choose_batch
+from streaming.generation.speculation import Lookup, kept, shares
 from streaming.generation.waiting import WaitingRoom
 from streaming.model.loading import Model, forward_kwargs, step_kwargs
 
@@ -59,6 +62,8 @@ class Row:
         self.not_before = now + job.options.first_delay  # testing: --first-delay
         self.created = self.last_at = now
         self.done = False
+        self.lookup = Lookup(self.ids)  # its text, where its guesses come from (speculation.py)
+        self.guesses: list[int] = []  # fed after `next` at this step
 
     @property
     def delivered(self) -> int:
@@ -71,6 +76,13 @@ class Row:
     @property
     def planned(self) -> int:
         return self.job.params.max_tokens
+
+    def end(self, reason: str = "stopped", error: BaseException | None = None) -> None:
+        self.done = True
+        if error is None:
+            self.job.end(reason)
+        else:
+            self.job.fail(error)
 
 
 class Batch:
@@ -93,8 +105,9 @@ class Batch:
         self.prefixes = Prefixes(self.device)
         self.parts = StepParts(str(self.device))  # on a GPU each part waits for its kernels (parts.py)
         self.costs = StepCosts()  # decode steps' seconds by rows run: the policy lets rows ride where free
-        self.tokens = self.skipped = 0  # tokens sampled, row-steps sat out (written under the lock)
-        self.shared = 0  # prompt tokens copied from another row's slot instead of computed
+        # (under the lock) tokens sampled, row-steps sat out, prompt tokens copied from another row's
+        # slot instead of computed, guessed tokens fed and kept (speculation.py)
+        self.tokens = self.skipped = self.shared = self.guessed = self.guesses_kept = 0
 
     def __len__(self) -> int:
         """Requests that hold a place: in the batch or being prefilled."""
@@ -109,23 +122,17 @@ class Batch:
             try:
                 row.job.begin(self.model)
             except Exception as e:  # noqa: BLE001 - this request fails (an id the model has not: InvalidRequest), not the engine
-                self.end(row, error=e)
+                row.end(error=e)
                 continue
             self.joining.append(row)
 
     def fits(self, row: Row) -> bool:
-        """Whether the KV cache, with this row too, stays within `kv_memory` once every row has its
-        whole answer (every slot holds the longest row's room, kv.py). An empty batch takes any
-        row: it must be served, and alone it is bounded by its context and max_tokens."""
-        if not len(self):
-            return True
-        longest = max(len(r.ids) + r.job.params.max_tokens for r in [*self.rows, *self.joining, row])
-        return (len(self) + 1) * longest * token_bytes(self.model.net) <= self.kv_memory
+        return fits([len(r.ids) + r.planned for r in [*self.rows, *self.joining, row]], self.model.net, self.kv_memory)
 
     def fail(self, error: BaseException) -> None:
         """A step failed: every request in it fails, the batch starts empty (the engine goes on)."""
         for row in list(self.rows) + list(self.joining):
-            self.end(row, error=error)
+            row.end(error=error)
             row.slot = None
         self.rows, self.kv = [], SlotKV(self.device)
         self.joining.clear()
@@ -139,6 +146,8 @@ class Batch:
         plan = self.policy.plan(self.rows, self.clock(), first, self.costs, waiting)
         run = sorted((self.rows[i] for i in plan.run), key=lambda r: r.slot or 0)  # in slot order
         pieces = self.pieces(stretch(plan.prefill, waiting)) if self.joining else []
+        if run and not pieces and len(run) <= self.policy.speculate:  # a small step: room for guesses
+            guess(run, self.policy.speculate)
         if run or pieces:
             self.forward(run, pieces)
 
@@ -147,17 +156,17 @@ class Batch:
         with self.lock:
             gone = self.waiting.stopped()
         for row in gone:
-            self.end(row, "stopped")
+            row.end("stopped")
         for row in list(self.joining):
             if row.job.stop.is_set():
                 self.joining.remove(row)
-                self.end(row, "stopped")
+                row.end("stopped")
                 if row.slot is not None:
                     self.kv.release(row)
         if any(row.job.stop.is_set() for row in self.rows):
             for row in self.rows:
                 if row.job.stop.is_set():
-                    self.end(row, "stopped")
+                    row.end("stopped")
             self.compact()
 
     def holders(self) -> list[Row]:
@@ -200,18 +209,15 @@ class Batch:
             self.shared += copied
 
     def forward(self, run: list[Row], pieces: list[tuple[Row, int]]) -> None:
-        """One forward pass: a token for each row in `run`, the prompt pieces after them."""
+        """One forward pass: a token for each row in `run` (and its guesses after it, as a piece of
+        its own), the prompt pieces after them."""
         m = self.model.net
         attention.install(m)
+        plain, guessing = [r for r in run if not r.guesses], [r for r in run if r.guesses]
         with self.parts.timed("kv"):
-            layout = Layout(
-                self.kv,
-                [(r.slot, r.length) for r in run],  # type: ignore[misc]
-                [(r.slot, r.filled, n) for r, n in pieces],  # type: ignore[misc]
-                [o.length for o in self.kv.owners],
-            )
+            layout = layout_of(self.kv, plain, guessing, pieces)
             self.kv.fit(len(self.kv), layout.room())
-        ids, positions, keep, joined = flat_inputs(run, pieces, layout)
+        ids, positions, keep, joined = flat_inputs(plain, guessing, pieces, layout)
         self.kv.layout = layout
         with self.parts.timed("forward"):
             out = m(
@@ -222,7 +228,7 @@ class Batch:
                 **step_kwargs(m, self.kv, torch.tensor(keep, dtype=torch.long, device=self.device)),
             )
         self.kv.layout = None
-        if not pieces:  # a decode step's cost, by rows run (the policy's StepCosts)
+        if not pieces and not guessing:  # a decode step's cost, by rows run (the policy's StepCosts)
             self.costs.record(len(run), self.parts.last["forward"], self.clock())
         if len(run) < len(self.rows):
             with self.lock:
@@ -236,31 +242,36 @@ class Batch:
             self.joining.remove(r)
             self.rows.append(r)
         logits = out.logits[0]
-        self.emit(run + joined, logits if logits.shape[0] == len(keep) else logits[keep])
+        self.emit(plain + guessing + joined, logits if logits.shape[0] == len(keep) else logits[keep])
         if any(r.done for r in run + joined):
             self.compact()
 
     def emit(self, rows: list[Row], logits: Any) -> None:
-        """Sample a token for each row and hand it to its job's per-token routine; a row whose job
-        ended is marked done."""
+        """Sample each row's token (a row with guesses: at each of their places, keeping those its
+        draws confirm) and hand them to its job's per-token routine; a row whose job ended is
+        marked done."""
         with self.parts.timed("sampling"):
-            tokens = choose_batch(
-                logits, [r.draws for r in rows], [r.temperature for r in rows], [r.top_p for r in rows]
-            )
-        now = self.clock()
-        with self.lock:
-            self.tokens += len(rows)
+            taken = sample(rows, logits)
+        now, undelivered = self.clock(), 0
+        with self.lock:  # counted before they are handed off: a reader who has their end sees them counted
+            self.tokens += sum(map(len, taken))
+            self.guessed += sum(len(r.guesses) for r in rows)
+            self.guesses_kept += sum(map(len, taken)) - len(rows)
         with self.parts.timed("hand_off"):
-            for row, token in zip(rows, tokens, strict=True):
-                row.done = not row.job.on_token(token)
-                row.next, row.last_at = token, now
-
-    def end(self, row: Row, reason: str | None = None, error: BaseException | None = None) -> None:
-        row.done = True
-        if error is None:
-            row.job.end(reason or "stopped")
-        else:
-            row.job.fail(error)
+            for row, tokens in zip(rows, taken, strict=True):
+                row.draws.i += len(tokens)
+                row.length += len(tokens) - 1  # the guesses kept are in its slot (the next token: forward)
+                row.lookup.extend(tokens)
+                row.guesses = []
+                for i, token in enumerate(tokens):
+                    row.done = not row.job.on_token(token)
+                    if row.done:  # its end (end of sequence) came before the last kept
+                        undelivered += len(tokens) - i - 1
+                        break
+                row.next, row.last_at = tokens[-1], now
+        if undelivered:
+            with self.lock:
+                self.tokens -= undelivered
 
     def compact(self) -> None:
         """Drop the rows that are done: their slots go back."""
@@ -276,16 +287,63 @@ class Batch:
         self.rows = [r for r in self.rows if not r.done]
 
 
+def guess(run: list[Row], most: int) -> None:
+    """Each running row's guesses for this step, looked up in its own text, at most `most` in
+    all and never past its max_tokens (speculation.shares)."""
+    proposals = [r.lookup.propose(min(most, r.planned - r.delivered - 1)) for r in run]
+    for r, p, n in zip(run, proposals, shares(len(run), [len(p) for p in proposals], most), strict=True):
+        r.guesses = p[:n]
+
+
+def layout_of(kv: SlotKV, plain: list[Row], guessing: list[Row], pieces: list[tuple[Row, int]]) -> Layout:
+    """Where the step's tokens go: a plain row's one token; a guessing row's token and guesses as
+    a piece of its slot from its length on; each prompt piece."""
+    return Layout(
+        kv,
+        [(r.slot, r.length) for r in plain],  # type: ignore[misc]
+        [(r.slot, r.length, 1 + len(r.guesses)) for r in guessing]  # type: ignore[misc]
+        + [(r.slot, r.filled, n) for r, n in pieces],
+        [o.length for o in kv.owners],
+    )
+
+
+def sample(rows: list[Row], logits: Any) -> list[list[int]]:
+    """Each row's tokens from its logits: one, or for a row with guesses those it keeps (its token
+    at each place, with the draw of that token's index, up to the first that differs from its
+    guess; speculation.kept). `logits` holds 1 + len(guesses) rows for each row, in order."""
+    each = [(r, j) for r in rows for j in range(1 + len(r.guesses))]
+    sampled = choose_batch(
+        logits,
+        [Draws(r.draws.seed, r.draws.i + j) for r, j in each],
+        [r.temperature for r, _ in each],
+        [r.top_p for r, _ in each],
+    )
+    out, at = [], 0
+    for r in rows:
+        mine = sampled[at : at + 1 + len(r.guesses)]
+        out.append(mine[: kept(r.guesses, mine)])
+        at += len(mine)
+    return out
+
+
 def flat_inputs(
-    run: list[Row], pieces: list[tuple[Row, int]], layout: Layout
+    plain: list[Row], guessing: list[Row], pieces: list[tuple[Row, int]], layout: Layout
 ) -> tuple[list[int], list[int], list[int], list[Row]]:
-    """The step's flat sequence: its token ids and their positions (each running row's next token,
-    then the prompt pieces), the places whose logits are wanted (each decode token's, and each
-    prompt's last token where this piece ends it) and the rows whose prompt this step completes."""
-    ids = [r.next for r in run] + [t for r, n in pieces for t in r.ids[r.filled : r.filled + n]]
-    positions = [r.length for r in run] + [p for r, n in pieces for p in range(r.filled, r.filled + n)]
-    joined, keep = [], list(range(len(run)))
-    for (r, n), (*_, offset, _) in zip(pieces, layout.pieces, strict=True):
+    """The step's flat sequence: its token ids and their positions (each plain running row's next
+    token, each guessing row's next token and guesses, then the prompt pieces), the places whose
+    logits are wanted (each decode token's and guess's, and each prompt's last token where this
+    piece ends it) and the rows whose prompt this step completes."""
+    fed = [[r.next, *r.guesses] for r in guessing]
+    ids = [r.next for r in plain] + [t for f in fed for t in f]
+    ids += [t for r, n in pieces for t in r.ids[r.filled : r.filled + n]]
+    positions = [r.length for r in plain] + [
+        p for r in guessing for p in range(r.length, r.length + 1 + len(r.guesses))
+    ]
+    positions += [p for r, n in pieces for p in range(r.filled, r.filled + n)]
+    joined, keep = [], list(range(len(plain)))
+    for r, (*_, offset, _) in zip(guessing, layout.pieces, strict=False):
+        keep += range(offset, offset + 1 + len(r.guesses))
+    for (r, n), (*_, offset, _) in zip(pieces, layout.pieces[len(guessing) :], strict=True):
         if r.filled + n == len(r.ids):
             joined.append(r)
             keep.append(offset + n - 1)

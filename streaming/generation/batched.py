@@ -134,6 +134,9 @@ class BatchEngine:
                 "rows_skipped": b.skipped,  # row-steps the qoe policy sat out
                 "prefix_hits": b.prefixes.hits,  # prompts prefilled after a kept shared beginning
                 "prompt_tokens_shared": b.shared,  # copied from a row in the batch with the same beginning
+                "speculate": b.policy.speculate,  # --speculate
+                "tokens_guessed": b.guessed,  # guessed tokens fed to the model (speculation.py)
+                "guesses_kept": b.guesses_kept,  # of those, the ones the rows' own sampling chose too
                 "step_seconds": round(self.step_seconds, 3),  # bench.py: mean step time per batch size
                 "step_parts_seconds": {k: round(v, 3) for k, v in b.parts.snapshot().items()},
             }

@@ -161,6 +161,14 @@ class SlotKV:
         return self.keys[layer], self.values[layer]
 
 
+def fits(rooms: list[int], m: Any, memory: int) -> bool:
+    """Whether a batch whose rows need `rooms` tokens each (the last a newcomer) stays within
+    `memory` bytes of KV once every row has its whole answer (every slot holds the longest row's
+    room). A newcomer to an empty batch fits whatever it needs: it must be served, and alone it is
+    bounded by its context and max_tokens."""
+    return len(rooms) <= 1 or len(rooms) * max(rooms) * token_bytes(m) <= memory
+
+
 def token_bytes(m: Any) -> int:
     """Bytes of keys and values one token takes in a model's cache, from its config and dtype."""
     c = m.config

@@ -60,6 +60,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from streaming.generation.costs import BANDS, StepCosts
+from streaming.generation.speculation import SPECULATE
 
 READING_RATE = 4.6  # tokens/s a person reads (238 words a minute through this tokenizer: reading_speed.py)
 EXPECTED_TTFT = 1.0  # seconds a reader expects to wait for the first text (the Andes paper's default)
@@ -123,8 +124,9 @@ class Plan:
 class Fifo:
     name = "fifo"
 
-    def __init__(self, budget: int = PREFILL_BUDGET) -> None:
+    def __init__(self, budget: int = PREFILL_BUDGET, speculate: int = SPECULATE) -> None:
         self.budget = budget
+        self.speculate = speculate  # guessed tokens a small decode step may carry (speculation.py)
 
     def plan(
         self,
@@ -149,8 +151,10 @@ class Qoe:
         min_batch: int = MIN_BATCH,
         token_seconds: float = PREFILL_TOKEN_SECONDS,
         conserving: bool = True,
+        speculate: int = SPECULATE,
     ) -> None:
         self.budget, self.rate, self.ttft, self.horizon = budget, rate, ttft, horizon
+        self.speculate = speculate  # guessed tokens a small decode step may carry (speculation.py)
         self.min_batch, self.token_seconds, self.conserving = min_batch, token_seconds, conserving
 
     def slack(self, created: float, delivered: int, now: float) -> float:
@@ -262,10 +266,10 @@ class Qoe:
         return Plan(run, int(max(self.budget, min(MAX_PREFILL, spare))))
 
 
-def schedule(name: str, budget: int = PREFILL_BUDGET) -> Fifo | Qoe:
+def schedule(name: str, budget: int = PREFILL_BUDGET, speculate: int = SPECULATE) -> Fifo | Qoe:
     if name not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}: choose one of {', '.join(SCHEDULES)}")
-    return Fifo(budget) if name == "fifo" else Qoe(budget)
+    return Fifo(budget, speculate) if name == "fifo" else Qoe(budget, speculate=speculate)
 
 
 def stretch(budget: int, waiting: int, most: float = STRETCH) -> int:

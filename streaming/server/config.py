@@ -13,6 +13,7 @@ from streaming.generation.batched import MAX_BATCH, MAX_WAITING, PREFILL_CHUNK
 from streaming.generation.job import JobOptions
 from streaming.generation.kv import KV_MEMORY
 from streaming.generation.policy import PREFILL_BUDGET
+from streaming.generation.speculation import SPECULATE
 from streaming.generation.upstream.pool import FIRST_TEXT, SILENCE
 from streaming.server.answer import LOG_KEEP
 from streaming.server.merging import Merging
@@ -44,6 +45,7 @@ class Config:
     kv_memory: int | None = KV_MEMORY
     prefill_chunk: int = PREFILL_CHUNK
     prefill_budget: int = PREFILL_BUDGET
+    speculate: int = SPECULATE  # guessed tokens a small decode step may carry (speculation.py)
     schedule: str = "qoe"  # or fifo (streaming.generation.policy): qoe measured better for readers in bursts
     queue: int = 0  # thread engine: bound each request's queue to N pieces
     write_timeout: float = WRITE_TIMEOUT

@@ -48,7 +48,7 @@ def build(config: Config, model: Model | None = None, backend: Backend | None = 
         max_waiting=config.max_waiting,
         kv_memory=config.kv_memory,
         prefill_chunk=config.prefill_chunk,
-        policy=schedule(config.schedule, config.prefill_budget),
+        policy=schedule(config.schedule, config.prefill_budget, config.speculate),
         pool=pool,
     )
     state = ServerState()

@@ -1,0 +1,95 @@
+"""Speculative decoding by prompt lookup: a few guessed tokens ride in a small decode step, and
+the row keeps those its own sampling would have chosen anyway. Pure: ids in, ids out.
+
+A lone reader's step is bound by reading the weights, not by the tokens it computes: on the AVX2
+kind a pass of 5 tokens cost 1.2x a pass of 1 (fp16 weights: 67 against 55 ms; w8a8: 61 against
+47), 7 tokens 1.7x (fbgemm's fp16 product reads every weight again for each 6 rows, costs.py). So
+a row that is alone, or nearly, can check guesses at next to no cost. The guesses come from the
+row's own text (Saxena's prompt lookup decoding, vLLM's `ngram` speculator): the last few tokens
+looked up where they occurred before, and what followed them there proposed (`Lookup`). Readers
+of an answer that quotes its prompt, or repeats itself, gain the most; on the bench's chat
+prompts (the bundled model, temperature 0.7, 200 tokens each) 1.9 tokens a step were kept, where
+a step costs 1.2x: 1.6x the tokens a second (measured offline, /tmp is not kept: see the README).
+
+Exact: the row's token i is sampled from its logits at i with its draw i (sampling.Draws), as
+without speculation. The pass computes the logits at every guessed position; token i is sampled
+there, and position i+1's logits count only if token i equals the guess fed at i+1 (`kept`), since
+only then were they computed from the context the row really has. The first token that differs
+is the row's own token, so every step keeps at least one: the answer is the one the row would
+have had, token for token (the tests check it against a run without). The keys and values of
+the guesses not kept are left in the slot past the row's length, where nothing reads them and the
+next step writes over them.
+
+Leaves out: a draft model (the bundled model is its family's smallest), trees of guesses, and
+guessing in steps that prompts join (their pass is compute-bound already).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+SPECULATE = 4  # guessed tokens a decode step may carry in all: 1 row with 4, 2 rows with 3, 4 with 1
+# --speculate's most: each guess costs a token of the pass, and past a dozen tokens a CPU's pass is
+# bound by arithmetic (the AVX2 kind: 9 tokens cost 1.9x 1), so more guesses only slow the reader
+MAX_SPECULATE = 16
+LONGEST_MATCH = 3  # the longest tail of the text looked up (the offline runs: 3 kept 1.9 a step, 4 no more)
+# Guesses proposed after a match of 1, 2 or 3 ids: after one id alone the first guess was kept 26%
+# of the time and the second 13% (the offline runs, the chat prompts that do not repeat), where a
+# guess costs about 9% of a step (the AVX2 kind, fp16 weights); after two, 52, 30, 24 and 22%.
+GUESSES_AFTER = (0, 1, SPECULATE, SPECULATE)
+
+
+def shares(rows: int, proposals: Sequence[int], most: int = SPECULATE) -> list[int]:
+    """How many guesses each running row carries: a step of `rows` rows carries at most `most`
+    guesses and at most most + 1 tokens in all, given out in order, each row at most what it has
+    to propose (`proposals`, one for each row)."""
+    left = max(0, min(most, most + 1 - rows))
+    out = []
+    for n in proposals:
+        take = min(n, left)
+        out.append(take)
+        left -= take
+    return out
+
+
+def kept(guesses: Sequence[int], sampled: Sequence[int]) -> int:
+    """How many tokens a row keeps from a pass that fed it `guesses` after its next token:
+    `sampled[j]` is its token sampled at the j-th position (len(guesses) + 1 of them); it keeps
+    them up to and including the first that differs from the guess fed after it."""
+    n = 0
+    while n < len(guesses) and sampled[n] == guesses[n]:
+        n += 1
+    return n + 1
+
+
+class Lookup:
+    """A row's text as ids, and where each of its short runs of ids last occurred with something
+    after it: `propose(k)` looks up the text's last LONGEST_MATCH ids (then fewer) and proposes
+    the k ids that followed them. Indexed as it is asked (a row that never speculates costs an
+    append a token)."""
+
+    def __init__(self, ids: Sequence[int], longest: int = LONGEST_MATCH) -> None:
+        self.ids = list(ids)
+        self.longest = longest
+        self.after: list[dict[tuple[int, ...], int]] = [{} for _ in range(longest + 1)]  # by run length
+        self.indexed = 0  # ids[:indexed] are in the index as what follows a run
+
+    def extend(self, ids: Sequence[int]) -> None:
+        self.ids.extend(ids)
+
+    def propose(self, k: int) -> list[int]:
+        """Up to k ids that followed the latest earlier occurrence of the text's tail (the
+        longest tail that occurred before), at most GUESSES_AFTER a tail that long; none if no
+        tail did."""
+        if k <= 0:
+            return []
+        ids = self.ids
+        for p in range(max(1, self.indexed), len(ids)):  # ids[p] followed the runs that end before it
+            for n in range(1, min(self.longest, p) + 1):
+                self.after[n][tuple(ids[p - n : p])] = p
+        self.indexed = len(ids)
+        for n in range(min(self.longest, len(ids)), 0, -1):
+            start = self.after[n].get(tuple(ids[-n:]))
+            if start is not None:
+                return ids[start : start + min(k, GUESSES_AFTER[min(n, len(GUESSES_AFTER) - 1)])]
+        return []

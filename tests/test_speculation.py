@@ -1,0 +1,147 @@
+"""Speculative decoding by prompt lookup (streaming/generation/speculation.py, batch.py): the
+lookup against a brute-force search (hypothesis), how a step's guesses are shared and kept, and in
+the engine, that an answer with guesses is token for token the answer without them: with the
+`exact` model (guesses nearly always wrong: each is thrown away) and the `echo` model (the answer
+is the prompt's message: guesses kept), greedy and seeded sampling, alone and in a batch, in both
+dtypes; and the server's --speculate."""
+
+import asyncio
+import json
+
+import pytest
+import torch
+from helpers import ServerProcess, http, metrics, model_of
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import lm
+import server
+from streaming.generation.batched import BatchedJob, BatchEngine
+from streaming.generation.policy import Fifo, Qoe
+from streaming.generation.speculation import GUESSES_AFTER, MAX_SPECULATE, SPECULATE, Lookup, kept, shares
+from streaming.generation.thread import ThreadJob
+from streaming.model.testing import EchoModel, ExactModel
+from streaming.wire.params import GenerationParams
+
+MESSAGES = [
+    "one two three, one two four, one two three, one two four, and one two five",
+    "The keeper wrote in his log: wind from the west. The keeper wrote in his log: wind from the east.",
+    "abc abc abd abc abc abd abc",
+]
+
+
+def reference(ids, k, longest=3):
+    """The latest earlier occurrence of the longest tail (up to `longest`) with something after it."""
+    for n in range(min(longest, len(ids)), 0, -1):
+        tail = ids[-n:]
+        for s in range(len(ids) - n - 1, -1, -1):
+            if ids[s : s + n] == tail:
+                return ids[s + n : s + n + min(k, GUESSES_AFTER[n])]
+    return []
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(0, 5), max_size=60),
+    st.lists(st.lists(st.integers(0, 5), max_size=6), max_size=8),
+    st.integers(1, 6),
+)
+def test_a_lookup_proposes_what_followed_the_latest_earlier_occurrence_of_the_longest_tail(start, added, k):
+    look, ids = Lookup(start), list(start)
+    assert look.propose(k) == reference(ids, k)
+    for more in added:  # indexed as it is asked: the same answers after each extension
+        look.extend(more)
+        ids += more
+        assert look.propose(k) == reference(ids, k)
+    assert look.propose(0) == []
+
+
+def test_a_steps_guesses_are_shared_within_its_cheap_width():
+    assert shares(1, [6]) == [4]  # one row: SPECULATE guesses
+    assert shares(2, [4, 4]) == [3, 0]  # rows + guesses at most SPECULATE + 1 tokens
+    assert shares(2, [1, 4]) == [1, 2]  # a row with fewer to propose leaves the rest to the next
+    assert shares(4, [2, 2, 2, 2]) == [1, 0, 0, 0]
+    assert shares(5, [3] * 5) == [0] * 5 and shares(1, [3], most=0) == [0]
+    assert SPECULATE == 4 and MAX_SPECULATE >= SPECULATE
+
+
+def test_a_row_keeps_its_guesses_up_to_the_first_its_sampling_differs_from():
+    assert kept([], [7]) == 1  # no guesses: its one token
+    assert kept([5, 6, 7], [5, 6, 7, 8]) == 4  # all confirmed: and the token after them
+    assert kept([5, 6, 7], [5, 9, 7, 8]) == 2  # the second differs: its own token ends the step
+    assert kept([5], [4, 5]) == 1
+
+
+def conversation(message):
+    text = lm.tok.apply_chat_template(
+        [{"role": "user", "content": message}], add_generation_prompt=True, tokenize=False
+    )
+    return lm.tok(text).input_ids
+
+
+def plain(i):
+    return lm.tok(MESSAGES[i]).input_ids
+
+
+async def answer(job):
+    out = []
+    while (x := await job.get()) is not None:
+        if isinstance(x, BaseException):
+            raise x
+        out.append(x)
+    return "".join(out)
+
+
+def request(i, n):
+    return GenerationParams(max_tokens=n, seed=i, temperature=0 if i % 2 else 0.8, top_p=0.9, ignore_eos=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("model", ["exact", "echo"])
+def test_an_answer_with_guesses_is_the_answer_without_them_alone_and_in_a_batch(dtype, model):
+    net = (EchoModel if model == "echo" else ExactModel)(lm.load_tokenizer()).to(dtype)
+    prompts = [conversation(m) for m in MESSAGES] + [plain(i) for i in range(len(MESSAGES))]
+    n = 40
+
+    async def run():
+        expected = [
+            await answer(ThreadJob(p, request(i, n), model=model_of(net)).start()) for i, p in enumerate(prompts)
+        ]
+        guessing = BatchEngine(model_of(net), max_batch=8, policy=Qoe())
+        alone = [await answer(BatchedJob(guessing, p, request(i, n)).start()) for i, p in enumerate(prompts)]
+        alone_metrics = guessing.metrics()
+        together = await asyncio.gather(
+            *(answer(BatchedJob(guessing, p, request(i, n)).start()) for i, p in enumerate(prompts))
+        )
+        off = BatchEngine(model_of(net), max_batch=8, policy=Fifo(speculate=0))
+        without = [await answer(BatchedJob(off, p, request(i, n)).start()) for i, p in enumerate(prompts)]
+        return expected, alone, list(together), without, alone_metrics, off.metrics()
+
+    expected, alone, together, without, m, m_off = asyncio.run(run())
+    assert alone == expected and together == expected and without == expected
+    assert m["speculate"] == SPECULATE and m["tokens_guessed"] > 0 and m_off["tokens_guessed"] == 0
+    assert m["tokens_generated"] == n * len(prompts) == m_off["tokens_generated"]
+    if model == "echo":  # the answer repeats its prompt: most guesses kept, fewer steps
+        assert m["guesses_kept"] > m["tokens_guessed"] / 2
+        assert m["steps"] < m_off["steps"] * 0.8  # (half the prompts are plain text: no message to echo)
+    else:  # guesses thrown away, each costing nothing but its place in the pass
+        assert m["guesses_kept"] < m["tokens_guessed"]
+
+
+def test_speculate_is_a_server_option_with_its_metrics():
+    assert server.config_of(server.parse_args(["--engine", "free"]), "cpu").speculate == SPECULATE
+    assert server.config_of(server.parse_args(["--speculate", "0"]), "cpu").speculate == 0
+    for bad in (["--speculate", "-1"], ["--speculate", str(MAX_SPECULATE + 1)]):
+        with pytest.raises(SystemExit):
+            server.parse_args(bad)
+    body = {"messages": [{"role": "user", "content": MESSAGES[1]}], "max_tokens": 40, "seed": 1, "temperature": 0.8}
+    texts, seen = [], []
+    for flag in ("0", "4"):
+        with ServerProcess("--speculate", flag, model="echo") as s:
+            s.wait()
+            reply = json.loads(http(s.port, "POST", "/v1/chat/completions", body)[2])
+            texts.append(reply["choices"][0]["message"]["content"])
+            seen.append(metrics(s.port))
+    assert texts[0] == texts[1] == MESSAGES[1]  # the echo model's answer: its message
+    assert seen[0]["speculate"] == 0 and seen[0]["tokens_guessed"] == 0
+    assert seen[1]["speculate"] == 4 and seen[1]["guesses_kept"] > 0
