@@ -18,7 +18,7 @@ import lm
 import server
 from streaming.generation.batched import BatchedJob, BatchEngine
 from streaming.generation.policy import Fifo, Qoe
-from streaming.generation.speculation import GUESSES_AFTER, MAX_SPECULATE, SPECULATE, Lookup, kept, shares
+from streaming.generation.speculation import GUESS_COST, MAX_SPECULATE, SPECULATE, Lookup, Odds, kept, shares
 from streaming.generation.thread import ThreadJob
 from streaming.model.testing import EchoModel, ExactModel
 from streaming.wire.params import GenerationParams
@@ -36,8 +36,8 @@ def reference(ids, k, longest=3):
         tail = ids[-n:]
         for s in range(len(ids) - n - 1, -1, -1):
             if ids[s : s + n] == tail:
-                return ids[s + n : s + n + min(k, GUESSES_AFTER[n])]
-    return []
+                return n, ids[s + n : s + n + k]
+    return 0, []
 
 
 @settings(max_examples=300, deadline=None)
@@ -53,7 +53,7 @@ def test_a_lookup_proposes_what_followed_the_latest_earlier_occurrence_of_the_lo
         look.extend(more)
         ids += more
         assert look.propose(k) == reference(ids, k)
-    assert look.propose(0) == []
+    assert look.propose(0) == (0, [])
 
 
 def test_a_steps_guesses_are_shared_within_its_cheap_width():
@@ -70,6 +70,23 @@ def test_a_row_keeps_its_guesses_up_to_the_first_its_sampling_differs_from():
     assert kept([5, 6, 7], [5, 6, 7, 8]) == 4  # all confirmed: and the token after them
     assert kept([5, 6, 7], [5, 9, 7, 8]) == 2  # the second differs: its own token ends the step
     assert kept([5], [4, 5]) == 1
+
+
+def test_the_odds_give_the_guesses_that_pay_by_the_engines_own_counts_and_costs():
+    odds = Odds()  # the prior: a guess costs GUESS_COST of a pass; after one id, the second is marginal
+    assert GUESS_COST == 0.09
+    assert (odds.worth(0, 4), odds.worth(1, 4), odds.worth(2, 4), odds.worth(3, 4), odds.worth(3, 2)) == (0, 2, 4, 4, 2)
+    dear = Odds()  # passes measured: each token 30% of a one-token pass
+    for tokens in range(1, 6):
+        dear.passed(tokens, 0.05 * (1 + 0.3 * (tokens - 1)))
+    assert dear.worth(1, 4) == 0 and dear.worth(2, 4) == 1 and dear.worth(3, 4) == 4
+    missed = Odds()  # after three ids the guesses kept nothing, 200 times: none pays any more
+    for _ in range(200):
+        missed.guessed(3, 4, 0)
+    assert missed.worth(3, 4) == 0 and missed.worth(2, 4) == 4
+    for _ in range(200):  # and a first guess always kept, the rest never: one
+        missed.guessed(2, 4, 1)
+    assert missed.worth(2, 4) == 1
 
 
 def conversation(message):

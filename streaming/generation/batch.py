@@ -41,7 +41,7 @@ from streaming.generation.parts import StepParts
 from streaming.generation.policy import Fifo, Qoe, StepCosts, prefill_group, stretch
 from streaming.generation.prefixes import Prefixes
 from streaming.generation.sampling import Draws, choose_batch
-from streaming.generation.speculation import Lookup, kept, shares
+from streaming.generation.speculation import Lookup, Odds, kept, shares
 from streaming.generation.waiting import WaitingRoom
 from streaming.model.loading import Model, forward_kwargs, step_kwargs
 
@@ -64,6 +64,7 @@ class Row:
         self.done = False
         self.lookup = Lookup(self.ids)  # its text, where its guesses come from (speculation.py)
         self.guesses: list[int] = []  # fed after `next` at this step
+        self.match = 0  # the length of the text's tail they were looked up by
 
     @property
     def delivered(self) -> int:
@@ -76,6 +77,22 @@ class Row:
     @property
     def planned(self) -> int:
         return self.job.params.max_tokens
+
+    def take(self, tokens: list[int], odds: Odds, now: float) -> int:
+        """This step's tokens (one, or the guesses kept and the token after them): its draws, slot
+        and text move on, the odds learn, and each goes to its job until its end. Returns how many
+        came after its end (an end of sequence among the guesses kept)."""
+        self.draws.i += len(tokens)
+        self.length += len(tokens) - 1  # the guesses kept are in its slot (the token fed: forward)
+        self.lookup.extend(tokens)
+        if self.guesses:
+            odds.guessed(self.match, len(self.guesses), len(tokens) - 1)
+        self.guesses, self.next, self.last_at = [], tokens[-1], now
+        for i, token in enumerate(tokens):
+            self.done = not self.job.on_token(token)
+            if self.done:
+                return len(tokens) - i - 1
+        return 0
 
     def end(self, reason: str = "stopped", error: BaseException | None = None) -> None:
         self.done = True
@@ -105,6 +122,7 @@ class Batch:
         self.prefixes = Prefixes(self.device)
         self.parts = StepParts(str(self.device))  # on a GPU each part waits for its kernels (parts.py)
         self.costs = StepCosts()  # decode steps' seconds by rows run: the policy lets rows ride where free
+        self.odds = Odds()  # what guesses are worth here: kept how often, passes cost how much
         # (under the lock) tokens sampled, row-steps sat out, prompt tokens copied from another row's
         # slot instead of computed, guessed tokens fed and kept (speculation.py)
         self.tokens = self.skipped = self.shared = self.guessed = self.guesses_kept = 0
@@ -147,7 +165,7 @@ class Batch:
         run = sorted((self.rows[i] for i in plan.run), key=lambda r: r.slot or 0)  # in slot order
         pieces = self.pieces(stretch(plan.prefill, waiting)) if self.joining else []
         if run and not pieces and len(run) <= self.policy.speculate:  # a small step: room for guesses
-            guess(run, self.policy.speculate)
+            guess(run, self.policy.speculate, self.odds)
         if run or pieces:
             self.forward(run, pieces)
 
@@ -228,8 +246,10 @@ class Batch:
                 **step_kwargs(m, self.kv, torch.tensor(keep, dtype=torch.long, device=self.device)),
             )
         self.kv.layout = None
-        if not pieces and not guessing:  # a decode step's cost, by rows run (the policy's StepCosts)
-            self.costs.record(len(run), self.parts.last["forward"], self.clock())
+        if not pieces:  # a decode step's cost: by tokens (what guesses cost); without guesses by rows run
+            self.odds.passed(len(ids), self.parts.last["forward"])
+            if not guessing:
+                self.costs.record(len(run), self.parts.last["forward"], self.clock())
         if len(run) < len(self.rows):
             with self.lock:
                 self.skipped += len(self.rows) - len(run)
@@ -252,23 +272,13 @@ class Batch:
         marked done."""
         with self.parts.timed("sampling"):
             taken = sample(rows, logits)
-        now, undelivered = self.clock(), 0
+        now = self.clock()
         with self.lock:  # counted before they are handed off: a reader who has their end sees them counted
             self.tokens += sum(map(len, taken))
             self.guessed += sum(len(r.guesses) for r in rows)
             self.guesses_kept += sum(map(len, taken)) - len(rows)
         with self.parts.timed("hand_off"):
-            for row, tokens in zip(rows, taken, strict=True):
-                row.draws.i += len(tokens)
-                row.length += len(tokens) - 1  # the guesses kept are in its slot (the next token: forward)
-                row.lookup.extend(tokens)
-                row.guesses = []
-                for i, token in enumerate(tokens):
-                    row.done = not row.job.on_token(token)
-                    if row.done:  # its end (end of sequence) came before the last kept
-                        undelivered += len(tokens) - i - 1
-                        break
-                row.next, row.last_at = tokens[-1], now
+            undelivered = sum(row.take(tokens, self.odds, now) for row, tokens in zip(rows, taken, strict=True))
         if undelivered:
             with self.lock:
                 self.tokens -= undelivered
@@ -287,10 +297,13 @@ class Batch:
         self.rows = [r for r in self.rows if not r.done]
 
 
-def guess(run: list[Row], most: int) -> None:
-    """Each running row's guesses for this step, looked up in its own text, at most `most` in
-    all and never past its max_tokens (speculation.shares)."""
-    proposals = [r.lookup.propose(min(most, r.planned - r.delivered - 1)) for r in run]
+def guess(run: list[Row], most: int, odds: Odds) -> None:
+    """Each running row's guesses for this step, looked up in its own text: as many as the odds
+    say pay, at most `most` in all and never past its max_tokens (speculation.shares)."""
+    proposals = []
+    for r in run:
+        r.match, ids = r.lookup.propose(min(most, r.planned - r.delivered - 1))
+        proposals.append(ids[: odds.worth(r.match, len(ids))])
     for r, p, n in zip(run, proposals, shares(len(run), [len(p) for p in proposals], most), strict=True):
         r.guesses = p[:n]
 

@@ -33,10 +33,49 @@ SPECULATE = 4  # guessed tokens a decode step may carry in all: 1 row with 4, 2 
 # bound by arithmetic (the AVX2 kind: 9 tokens cost 1.9x 1), so more guesses only slow the reader
 MAX_SPECULATE = 16
 LONGEST_MATCH = 3  # the longest tail of the text looked up (the offline runs: 3 kept 1.9 a step, 4 no more)
-# Guesses proposed after a match of 1, 2 or 3 ids: after one id alone the first guess was kept 26%
-# of the time and the second 13% (the offline runs, the chat prompts that do not repeat), where a
-# guess costs about 9% of a step (the AVX2 kind, fp16 weights); after two, 52, 30, 24 and 22%.
-GUESSES_AFTER = (0, 1, SPECULATE, SPECULATE)
+# How often the j-th guess and all before it were kept, by the length of the match they followed
+# (1, 2, 3 ids): the offline runs (fp16 weights, the chat prompts whose answers do not repeat);
+# the engine's own counts take over from these (`Odds`). After one id alone, a second guess is
+# rarely worth its place.
+PRIOR = ((), (0.26, 0.13, 0.07, 0.06), (0.52, 0.30, 0.24, 0.22), (0.84, 0.75, 0.68, 0.62))
+PRIOR_WEIGHT = 20  # the prior counts as this many observations of each
+GUESS_COST = 0.09  # a guess's share of a one-token pass until passes are measured (fp16, AVX2: +9%; w8a8 +17%)
+COST_WEIGHT = 0.1  # the latest pass's weight in its moving average (the machine drifts)
+
+
+class Odds:
+    """What guessing is worth on this engine: how often the j-th guess after a match of n ids was
+    kept with all before it (counts over the prior), and what a pass of t tokens costs (moving
+    averages of the engine's own passes). `worth(n, k)`: how many of k proposed guesses give the
+    most tokens a second, 0 where none pays (w8a8 on the AVX2 kind: dear passes, rarer hits)."""
+
+    def __init__(self) -> None:
+        self.offered = [[float(PRIOR_WEIGHT)] * MAX_SPECULATE for _ in PRIOR]
+        self.hits = [
+            [PRIOR_WEIGHT * (p[j] if j < len(p) else p[-1] if p else 0.0) for j in range(MAX_SPECULATE)] for p in PRIOR
+        ]
+        self.seconds: dict[int, float] = {}  # tokens in a pass -> its cost lately
+
+    def passed(self, tokens: int, seconds: float) -> None:
+        was = self.seconds.get(tokens)
+        self.seconds[tokens] = seconds if was is None else was + COST_WEIGHT * (seconds - was)
+
+    def guessed(self, match: int, guesses: int, kept_guesses: int) -> None:
+        for j in range(guesses):
+            self.offered[match][j] += 1
+            self.hits[match][j] += j < kept_guesses
+
+    def cost(self, tokens: int) -> float:
+        one = self.seconds.get(1, 1.0)
+        return self.seconds.get(tokens, one * (1 + GUESS_COST * (tokens - 1)))
+
+    def worth(self, match: int, k: int) -> int:
+        best, rate, tokens = 0, 1 / self.cost(1), 1.0
+        for j in range(min(k, MAX_SPECULATE)):
+            tokens += self.hits[match][j] / self.offered[match][j]
+            if tokens / self.cost(j + 2) > rate:
+                best, rate = j + 1, tokens / self.cost(j + 2)
+        return best
 
 
 def shares(rows: int, proposals: Sequence[int], most: int = SPECULATE) -> list[int]:
@@ -77,12 +116,11 @@ class Lookup:
     def extend(self, ids: Sequence[int]) -> None:
         self.ids.extend(ids)
 
-    def propose(self, k: int) -> list[int]:
+    def propose(self, k: int) -> tuple[int, list[int]]:
         """Up to k ids that followed the latest earlier occurrence of the text's tail (the
-        longest tail that occurred before), at most GUESSES_AFTER a tail that long; none if no
-        tail did."""
+        longest tail that occurred before), with that tail's length; (0, []) if no tail did."""
         if k <= 0:
-            return []
+            return 0, []
         ids = self.ids
         for p in range(max(1, self.indexed), len(ids)):  # ids[p] followed the runs that end before it
             for n in range(1, min(self.longest, p) + 1):
@@ -91,5 +129,5 @@ class Lookup:
         for n in range(min(self.longest, len(ids)), 0, -1):
             start = self.after[n].get(tuple(ids[-n:]))
             if start is not None:
-                return ids[start : start + min(k, GUESSES_AFTER[min(n, len(GUESSES_AFTER) - 1)])]
-        return []
+                return n, ids[start : start + k]
+        return 0, []
