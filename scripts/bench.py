@@ -527,13 +527,14 @@ async def parts_at(lm, b, ids, chats, params):
         def plan(self, rows, now, joining=None, costs=None, waiting=None):  # noqa: ARG002 - as Fifo.plan
             return Plan(list(range(0, len(rows), 2)), self.budget)
 
-    e = BatchEngine(lm.handle(), max_batch=b, policy=Fifo(PARTS_CONTEXT * b))
+    # plain steps, without guessed tokens (--speculate: a step's tokens would vary with its rows' text)
+    e = BatchEngine(lm.handle(), max_batch=b, policy=Fifo(PARTS_CONTEXT * b, speculate=0))
     jobs = admit(e, [ids] * b, params)
     with torch.inference_mode():
         while e.batch.joining:
             e.batch.step()
         timed = {}
-        for name, policy in (("all", Fifo(0)), ("half", Half(0))):
+        for name, policy in (("all", Fifo(0, speculate=0)), ("half", Half(0, speculate=0))):
             e.batch.policy = policy
             e.batch.parts.reset()
             t0 = time.perf_counter()
@@ -541,7 +542,7 @@ async def parts_at(lm, b, ids, chats, params):
                 e.batch.step()
             step = 1000 * (time.perf_counter() - t0) / PARTS_STEPS
             timed[name] = {"step": step, **{k: 1000 * v / PARTS_STEPS for k, v in e.batch.parts.snapshot().items()}}
-        e.batch.policy = Fifo(10_000)
+        e.batch.policy = Fifo(10_000, speculate=0)
         jobs += admit(e, chats[JOINING:], params)  # the chat template's shared beginning, learned once
         e.batch.step()
         jobs += admit(e, chats[:JOINING], params)

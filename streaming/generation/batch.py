@@ -30,7 +30,7 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -311,11 +311,11 @@ def guess(run: list[Row], most: int, odds: Odds) -> None:
 def layout_of(kv: SlotKV, plain: list[Row], guessing: list[Row], pieces: list[tuple[Row, int]]) -> Layout:
     """Where the step's tokens go: a plain row's one token; a guessing row's token and guesses as
     a piece of its slot from its length on; each prompt piece."""
+    slot = lambda r: cast(int, r.slot)  # noqa: E731 - every row in a step has its slot
     return Layout(
         kv,
-        [(r.slot, r.length) for r in plain],  # type: ignore[misc]
-        [(r.slot, r.length, 1 + len(r.guesses)) for r in guessing]  # type: ignore[misc]
-        + [(r.slot, r.filled, n) for r, n in pieces],
+        [(slot(r), r.length) for r in plain],
+        [(slot(r), r.length, 1 + len(r.guesses)) for r in guessing] + [(slot(r), r.filled, n) for r, n in pieces],
         [o.length for o in kv.owners],
     )
 

@@ -7,16 +7,18 @@ kind a pass of 5 tokens cost 1.2x a pass of 1 (fp16 weights: 67 against 55 ms; w
 a row that is alone, or nearly, can check guesses at next to no cost. The guesses come from the
 row's own text (Saxena's prompt lookup decoding, vLLM's `ngram` speculator): the last few tokens
 looked up where they occurred before, and what followed them there proposed (`Lookup`). Readers
-of an answer that quotes its prompt, or repeats itself, gain the most; on the bench's chat
-prompts (the bundled model, temperature 0.7, 200 tokens each) 1.9 tokens a step were kept, where
-a step costs 1.2x: 1.6x the tokens a second (measured offline, /tmp is not kept: see the README).
+of an answer that quotes its prompt, or repeats itself, gain the most: on the bench's chat
+prompts (the bundled model, temperature 0.7, 200 tokens each) 1.4-1.9 tokens a step were kept,
+and a lone reader got 1.29-1.34x the tokens a second (README, "Guessed tokens"). How many guesses
+a row carries is what pays by the engine's own counts and costs (`Odds`).
 
 Exact: the row's token i is sampled from its logits at i with its draw i (sampling.Draws), as
 without speculation. The pass computes the logits at every guessed position; token i is sampled
 there, and position i+1's logits count only if token i equals the guess fed at i+1 (`kept`), since
 only then were they computed from the context the row really has. The first token that differs
 is the row's own token, so every step keeps at least one: the answer is the one the row would
-have had, token for token (the tests check it against a run without). The keys and values of
+have had, token for token, where the arithmetic is exact (the tests: the `exact` and `echo`
+models; a real model's last bits depend on the pass's shape, as in a batch). The keys and values of
 the guesses not kept are left in the slot past the row's length, where nothing reads them and the
 next step writes over them.
 
@@ -38,6 +40,9 @@ LONGEST_MATCH = 3  # the longest tail of the text looked up (the offline runs: 3
 # the engine's own counts take over from these (`Odds`). After one id alone, a second guess is
 # rarely worth its place.
 PRIOR = ((), (0.26, 0.13, 0.07, 0.06), (0.52, 0.30, 0.24, 0.22), (0.84, 0.75, 0.68, 0.62))
+# A row's prompt is looked up in its last this many ids only: the index is built at the row's first
+# small step, inside that step (a 32k-token prompt's whole index: ~100k entries, tens of ms)
+LOOKUP_WINDOW = 4096
 PRIOR_WEIGHT = 20  # the prior counts as this many observations of each
 GUESS_COST = 0.09  # a guess's share of a one-token pass until passes are measured (fp16, AVX2: +9%; w8a8 +17%)
 COST_WEIGHT = 0.1  # the latest pass's weight in its moving average (the machine drifts)
@@ -111,7 +116,7 @@ class Lookup:
         self.ids = list(ids)
         self.longest = longest
         self.after: list[dict[tuple[int, ...], int]] = [{} for _ in range(longest + 1)]  # by run length
-        self.indexed = 0  # ids[:indexed] are in the index as what follows a run
+        self.indexed = max(0, len(self.ids) - LOOKUP_WINDOW)  # ids[:indexed]: in the index, or left out
 
     def extend(self, ids: Sequence[int]) -> None:
         self.ids.extend(ids)
