@@ -18,7 +18,7 @@ import lm
 import server
 from streaming.generation.batched import BatchedJob, BatchEngine
 from streaming.generation.policy import Fifo, Qoe
-from streaming.generation.speculation import GUESS_COST, MAX_SPECULATE, SPECULATE, Lookup, Odds, kept, shares
+from streaming.generation.speculation import GUESS_COST, MAX_SPECULATE, SPECULATE, Lookup, Odds, kept
 from streaming.generation.thread import ThreadJob
 from streaming.model.testing import EchoModel, ExactModel
 from streaming.wire.params import GenerationParams
@@ -56,15 +56,6 @@ def test_a_lookup_proposes_what_followed_the_latest_earlier_occurrence_of_the_lo
     assert look.propose(0) == (0, [])
 
 
-def test_a_steps_guesses_are_shared_within_its_cheap_width():
-    assert shares(1, [6]) == [4]  # one row: SPECULATE guesses
-    assert shares(2, [4, 4]) == [3, 0]  # rows + guesses at most SPECULATE + 1 tokens
-    assert shares(2, [1, 4]) == [1, 2]  # a row with fewer to propose leaves the rest to the next
-    assert shares(4, [2, 2, 2, 2]) == [1, 0, 0, 0]
-    assert shares(5, [3] * 5) == [0] * 5 and shares(1, [3], most=0) == [0]
-    assert SPECULATE == 4 and MAX_SPECULATE >= SPECULATE
-
-
 def test_a_row_keeps_its_guesses_up_to_the_first_its_sampling_differs_from():
     assert kept([], [7]) == 1  # no guesses: its one token
     assert kept([5, 6, 7], [5, 6, 7, 8]) == 4  # all confirmed: and the token after them
@@ -72,21 +63,29 @@ def test_a_row_keeps_its_guesses_up_to_the_first_its_sampling_differs_from():
     assert kept([5], [4, 5]) == 1
 
 
-def test_the_odds_give_the_guesses_that_pay_by_the_engines_own_counts_and_costs():
+def test_the_odds_give_a_step_the_guesses_that_pay_by_the_engines_own_counts_and_costs():
     odds = Odds()  # the prior: a guess costs GUESS_COST of a pass; after one id, the second is marginal
-    assert GUESS_COST == 0.09
-    assert (odds.worth(0, 4), odds.worth(1, 4), odds.worth(2, 4), odds.worth(3, 4), odds.worth(3, 2)) == (0, 2, 4, 4, 2)
+    assert GUESS_COST == 0.09 and SPECULATE == 4 and MAX_SPECULATE >= SPECULATE
+    assert [odds.shares([(n, 4)]) for n in range(4)] == [[0], [2], [4], [4]]
+    assert odds.shares([(3, 2)]) == [2] and odds.shares([(3, 4)], most=0) == [0]
+    assert odds.shares([(3, 4), (3, 4)]) == [2, 1]  # likeliest first, in all at most SPECULATE + 1 tokens
+    assert odds.shares([(1, 4), (3, 4)]) == [0, 3]  # the likeliest guesses, whichever row's: a third after three ids
+    assert odds.shares([(3, 1)] * 4) == [1, 0, 0, 0] and odds.shares([(3, 4)] * 5) == [0] * 5
     dear = Odds()  # passes measured: each token 30% of a one-token pass
     for tokens in range(1, 6):
         dear.passed(tokens, 0.05 * (1 + 0.3 * (tokens - 1)))
-    assert dear.worth(1, 4) == 0 and dear.worth(2, 4) == 1 and dear.worth(3, 4) == 4
+    assert [dear.shares([(n, 4)]) for n in (1, 2, 3)] == [[0], [1], [4]]
+    flat = Odds()  # a pass of up to 5 tokens costs what one of 3 does: two rows gain from guesses
+    for tokens in range(1, 6):
+        flat.passed(tokens, 0.05 if tokens < 3 else 0.06)
+    assert flat.shares([(1, 4), (1, 4)]) == [2, 1]
     missed = Odds()  # after three ids the guesses kept nothing, 200 times: none pays any more
     for _ in range(200):
         missed.guessed(3, 4, 0)
-    assert missed.worth(3, 4) == 0 and missed.worth(2, 4) == 4
+    assert missed.shares([(3, 4)]) == [0] and missed.shares([(2, 4)]) == [4]
     for _ in range(200):  # and a first guess always kept, the rest never: one
         missed.guessed(2, 4, 1)
-    assert missed.worth(2, 4) == 1
+    assert missed.shares([(2, 4)]) == [1]
 
 
 def conversation(message):

@@ -41,7 +41,7 @@ from streaming.generation.parts import StepParts
 from streaming.generation.policy import Fifo, Qoe, StepCosts, prefill_group, stretch
 from streaming.generation.prefixes import Prefixes
 from streaming.generation.sampling import Draws, choose_batch
-from streaming.generation.speculation import Lookup, Odds, kept, shares
+from streaming.generation.speculation import Lookup, Odds, kept
 from streaming.generation.waiting import WaitingRoom
 from streaming.model.loading import Model, forward_kwargs, step_kwargs
 
@@ -303,8 +303,10 @@ def guess(run: list[Row], most: int, odds: Odds) -> None:
     proposals = []
     for r in run:
         r.match, ids = r.lookup.propose(min(most, r.planned - r.delivered - 1))
-        proposals.append(ids[: odds.worth(r.match, len(ids))])
-    for r, p, n in zip(run, proposals, shares(len(run), [len(p) for p in proposals], most), strict=True):
+        proposals.append(ids)
+    for r, p, n in zip(
+        run, proposals, odds.shares([(r.match, len(p)) for r, p in zip(run, proposals, strict=True)], most), strict=True
+    ):
         r.guesses = p[:n]
 
 

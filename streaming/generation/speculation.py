@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-SPECULATE = 4  # guessed tokens a decode step may carry in all: 1 row with 4, 2 rows with 3, 4 with 1
+SPECULATE = 4  # guessed tokens a decode step may carry in all, and rows + guesses at most 5 (Odds.shares)
 # --speculate's most: each guess costs a token of the pass, and past a dozen tokens a CPU's pass is
 # bound by arithmetic (the AVX2 kind: 9 tokens cost 1.9x 1), so more guesses only slow the reader
 MAX_SPECULATE = 16
@@ -51,8 +51,9 @@ COST_WEIGHT = 0.1  # the latest pass's weight in its moving average (the machine
 class Odds:
     """What guessing is worth on this engine: how often the j-th guess after a match of n ids was
     kept with all before it (counts over the prior), and what a pass of t tokens costs (moving
-    averages of the engine's own passes). `worth(n, k)`: how many of k proposed guesses give the
-    most tokens a second, 0 where none pays (w8a8 on the AVX2 kind: dear passes, rarer hits)."""
+    averages of the engine's own passes, by the tokens in them). `shares`: how many of the guesses
+    proposed for a step's rows give it the most tokens a second, none where none pays (w8a8 on the
+    AVX2 kind: dear passes, rarer hits)."""
 
     def __init__(self) -> None:
         self.offered = [[float(PRIOR_WEIGHT)] * MAX_SPECULATE for _ in PRIOR]
@@ -74,26 +75,38 @@ class Odds:
         one = self.seconds.get(1, 1.0)
         return self.seconds.get(tokens, one * (1 + GUESS_COST * (tokens - 1)))
 
-    def worth(self, match: int, k: int) -> int:
-        best, rate, tokens = 0, 1 / self.cost(1), 1.0
-        for j in range(min(k, MAX_SPECULATE)):
-            tokens += self.hits[match][j] / self.offered[match][j]
-            if tokens / self.cost(j + 2) > rate:
-                best, rate = j + 1, tokens / self.cost(j + 2)
-        return best
+    def odds(self, match: int, j: int) -> float:
+        """How likely the j-th guess (from 0) after a match of `match` ids is kept with all before it."""
+        match = min(match, len(PRIOR) - 1)
+        return self.hits[match][j] / self.offered[match][j]
 
-
-def shares(rows: int, proposals: Sequence[int], most: int = SPECULATE) -> list[int]:
-    """How many guesses each running row carries: a step of `rows` rows carries at most `most`
-    guesses and at most most + 1 tokens in all, given out in order, each row at most what it has
-    to propose (`proposals`, one for each row)."""
-    left = max(0, min(most, most + 1 - rows))
-    out = []
-    for n in proposals:
-        take = min(n, left)
-        out.append(take)
-        left -= take
-    return out
+    def shares(self, proposals: Sequence[tuple[int, int]], most: int = SPECULATE) -> list[int]:
+        """How many guesses each row of a step carries, given each row's (match length, guesses it
+        can propose): the guesses likeliest to be kept first (a row's in order), as many as give
+        the step the most tokens kept a second by the measured costs of passes, at most `most`
+        guesses and most + 1 tokens in all (the cheap width; none in a step of more rows)."""
+        rows = len(proposals)
+        counts, order = [0] * rows, []
+        for _ in range(max(0, min(most, most + 1 - rows))):
+            open_ = [i for i, (_, k) in enumerate(proposals) if counts[i] < min(k, MAX_SPECULATE)]
+            p, i = max(
+                ((self.odds(proposals[i][0], counts[i]), i) for i in open_),
+                key=lambda x: (x[0], -x[1]),
+                default=(0.0, -1),
+            )  # ties: the first row
+            if p <= 0:
+                break
+            counts[i] += 1
+            order.append((i, p))
+        best, rate, tokens = 0, rows / self.cost(rows), float(rows)
+        for g, (_, p) in enumerate(order, 1):
+            tokens += p
+            if tokens / self.cost(rows + g) > rate:
+                best, rate = g, tokens / self.cost(rows + g)
+        out = [0] * rows
+        for i, _ in order[:best]:
+            out[i] += 1
+        return out
 
 
 def kept(guesses: Sequence[int], sampled: Sequence[int]) -> int:
