@@ -125,7 +125,7 @@ def engine_options(g):
         "--speculate",
         type=int,
         default=SPECULATE,
-        help="batched: guessed tokens (looked up in each answer's own text) a step of at most N rows may carry "
+        help="batched: guessed tokens (looked up in each answer's own text) a step of a batch of at most N rows may carry "
         "and keep where the row's sampling agrees; 0: none",
     )
     g.add_argument("--queue", type=int, default=0, help="thread engine: bound each request's queue to N pieces")

@@ -161,3 +161,52 @@ def test_speculate_is_a_server_option_with_its_metrics():
     assert texts[0] == texts[1] == MESSAGES[1]  # the echo model's answer: its message
     assert seen[0]["speculate"] == 0 and seen[0]["tokens_guessed"] == 0
     assert seen[1]["speculate"] == 4 and seen[1]["guesses_kept"] > 0
+
+
+def test_a_stop_during_a_guessing_step_lets_through_at_most_that_steps_first_token():
+    net = EchoModel(lm.load_tokenizer())
+    calls, seen = [0], {}
+    forward = net.forward
+
+    def stopping(*args, **kwargs):  # the reader leaves during the 4th pass (guesses ride in it)
+        calls[0] += 1
+        if calls[0] == 4:
+            seen["produced"] = job.produced
+            job.stop.set()
+        return forward(*args, **kwargs)
+
+    net.forward = stopping
+
+    async def run():
+        global job
+        e = BatchEngine(model_of(net), max_batch=2, policy=Qoe())
+        job = BatchedJob(e, conversation(MESSAGES[1]), request(1, 60))
+        await answer(job.start())
+        return e.metrics()
+
+    m = asyncio.run(run())
+    assert m["guesses_kept"] > 0  # guesses were kept before the stop
+    assert job.produced - seen["produced"] <= 1
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(14, 2), (4, 2), (6, 3), (8, 1)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_folded_attention_is_transformers_sdpa_after_earlier_tokens(heads, kv_heads, dtype):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from streaming.generation.attention import folded
+
+    module = type("Layer", (), {"num_key_value_groups": heads // kv_heads, "training": False})()
+    torch.manual_seed(0)
+    for start, n in [(1, 2), (7, 5), (30, 17)]:
+        q = torch.randn(1, heads, n, 64, dtype=dtype)
+        k, v = (
+            torch.randn(1, kv_heads, start + n, 64, dtype=dtype),
+            torch.randn(1, kv_heads, start + n, 64, dtype=dtype),
+        )
+        rows, columns = torch.arange(n), torch.arange(start + n)
+        mask = (columns[None, :] <= start + rows[:, None]).view(1, 1, n, start + n)
+        want, _ = sdpa_attention_forward(module, q, k, v, mask, scaling=0.125)
+        got = folded(q, k, v, mask, heads // kv_heads, 0.125)
+        assert got.shape == want.shape == (1, n, heads, 64)
+        assert torch.allclose(got.float(), want.float(), atol=1e-5 if dtype == torch.float32 else 2e-2)

@@ -89,6 +89,8 @@ class Row:
             odds.guessed(self.match, len(self.guesses), len(tokens) - 1)
         self.guesses, self.next, self.last_at = [], tokens[-1], now
         for i, token in enumerate(tokens):
+            if i and self.job.stop.is_set():  # stopped meanwhile: at most this step's first token
+                return len(tokens) - i
             self.done = not self.job.on_token(token)
             if self.done:
                 return len(tokens) - i - 1
@@ -123,6 +125,7 @@ class Batch:
         self.parts = StepParts(str(self.device))  # on a GPU each part waits for its kernels (parts.py)
         self.costs = StepCosts()  # decode steps' seconds by rows run: the policy lets rows ride where free
         self.odds = Odds()  # what guesses are worth here: kept how often, passes cost how much
+        self.widest = 1  # the most tokens one row got at the last step (its guesses kept and one)
         # (under the lock) tokens sampled, row-steps sat out, prompt tokens copied from another row's
         # slot instead of computed, guessed tokens fed and kept (speculation.py)
         self.tokens = self.skipped = self.shared = self.guessed = self.guesses_kept = 0
@@ -164,7 +167,7 @@ class Batch:
         plan = self.policy.plan(self.rows, self.clock(), first, self.costs, waiting)
         run = sorted((self.rows[i] for i in plan.run), key=lambda r: r.slot or 0)  # in slot order
         pieces = self.pieces(stretch(plan.prefill, waiting)) if self.joining else []
-        if run and not pieces and len(run) <= self.policy.speculate:  # a small step: room for guesses
+        if not pieces and 0 < len(run) == len(self.rows) <= self.policy.speculate:  # a small batch, all running
             guess(run, self.policy.speculate, self.odds)
         if run or pieces:
             self.forward(run, pieces)
@@ -272,6 +275,7 @@ class Batch:
         marked done."""
         with self.parts.timed("sampling"):
             taken = sample(rows, logits)
+        self.widest = max(map(len, taken), default=1)  # the most tokens a row got (--token-delay paces each)
         now = self.clock()
         with self.lock:  # counted before they are handed off: a reader who has their end sees them counted
             self.tokens += sum(map(len, taken))

@@ -173,8 +173,8 @@ class BatchEngine:
                 self.batch.fail(e)
             if self.after_step is not None:
                 self.after_step()
-            if self.token_delay:
-                time.sleep(self.token_delay)
+            if self.token_delay:  # testing: after each token, so after a step as many as a row got
+                time.sleep(self.token_delay * self.batch.widest)
 
 
 class BatchedJob(Job):

@@ -2,8 +2,8 @@
 the row keeps those its own sampling would have chosen anyway. Pure: ids in, ids out.
 
 A lone reader's step is bound by reading the weights, not by the tokens it computes: on the AVX2
-kind a pass of 5 tokens cost 1.2x a pass of 1 (fp16 weights: 67 against 55 ms; w8a8: 61 against
-47), 7 tokens 1.7x (fbgemm's fp16 product reads every weight again for each 6 rows, costs.py). So
+kind a pass of 5 tokens cost 1.2-1.3x a pass of 1 (fp16 weights: 67 against 55 ms alone, 80.2
+against 62.5 in the engine; w8a8: 61 against 47), 7 tokens 1.7x (fbgemm's fp16 product reads every weight again for each 6 rows, costs.py). So
 a row that is alone, or nearly, can check guesses at next to no cost. The guesses come from the
 row's own text (Saxena's prompt lookup decoding, vLLM's `ngram` speculator): the last few tokens
 looked up where they occurred before, and what followed them there proposed (`Lookup`). Readers
@@ -19,8 +19,8 @@ only then were they computed from the context the row really has. The first toke
 is the row's own token, so every step keeps at least one: the answer is the one the row would
 have had, token for token, where the arithmetic is exact (the tests: the `exact` and `echo`
 models; a real model's last bits depend on the pass's shape, as in a batch). The keys and values of
-the guesses not kept are left in the slot past the row's length, where nothing reads them and the
-next step writes over them.
+the guesses not kept are left in the slot past the row's length, where nothing reads them (a
+later step writes over them).
 
 Leaves out: a draft model (the bundled model is its family's smallest), trees of guesses, and
 guessing in steps that prompts join (their pass is compute-bound already).
@@ -39,13 +39,22 @@ LONGEST_MATCH = 3  # the longest tail of the text looked up (the offline runs: 3
 # (1, 2, 3 ids): the offline runs (fp16 weights, the chat prompts whose answers do not repeat);
 # the engine's own counts take over from these (`Odds`). After one id alone, a second guess is
 # rarely worth its place.
-PRIOR = ((), (0.26, 0.13, 0.07, 0.06), (0.52, 0.30, 0.24, 0.22), (0.84, 0.75, 0.68, 0.62))
+PRIOR = ((), (0.26, 0.13, 0.07, 0.06), (0.52, 0.30, 0.24, 0.22), (0.84, 0.75, 0.68, 0.62))  # by match: 0..LONGEST_MATCH
 # A row's prompt is looked up in its last this many ids only: the index is built at the row's first
 # small step, inside that step (a 32k-token prompt's whole index: ~100k entries, tens of ms)
 LOOKUP_WINDOW = 4096
 PRIOR_WEIGHT = 20  # the prior counts as this many observations of each
 GUESS_COST = 0.09  # a guess's share of a one-token pass until passes are measured (fp16, AVX2: +9%; w8a8 +17%)
 COST_WEIGHT = 0.1  # the latest pass's weight in its moving average (the machine drifts)
+
+
+def prior(p: Sequence[float], j: int) -> float:
+    """The prior's odds of the j-th guess: past its last, each a further guess falls as the last two did."""
+    if j < len(p):
+        return p[j]
+    if len(p) < 2:
+        return p[-1] if p else 0.0
+    return p[-1] * (p[-1] / p[-2]) ** (j - len(p) + 1)
 
 
 class Odds:
@@ -57,9 +66,7 @@ class Odds:
 
     def __init__(self) -> None:
         self.offered = [[float(PRIOR_WEIGHT)] * MAX_SPECULATE for _ in PRIOR]
-        self.hits = [
-            [PRIOR_WEIGHT * (p[j] if j < len(p) else p[-1] if p else 0.0) for j in range(MAX_SPECULATE)] for p in PRIOR
-        ]
+        self.hits = [[PRIOR_WEIGHT * prior(p, j) for j in range(MAX_SPECULATE)] for p in PRIOR]
         self.seconds: dict[int, float] = {}  # tokens in a pass -> its cost lately
 
     def passed(self, tokens: int, seconds: float) -> None:
@@ -67,13 +74,20 @@ class Odds:
         self.seconds[tokens] = seconds if was is None else was + COST_WEIGHT * (seconds - was)
 
     def guessed(self, match: int, guesses: int, kept_guesses: int) -> None:
+        match = min(match, len(PRIOR) - 1)
         for j in range(guesses):
             self.offered[match][j] += 1
             self.hits[match][j] += j < kept_guesses
 
     def cost(self, tokens: int) -> float:
-        one = self.seconds.get(1, 1.0)
-        return self.seconds.get(tokens, one * (1 + GUESS_COST * (tokens - 1)))
+        """A pass of `tokens` tokens lately, or, unmeasured, from the nearest measured pass at
+        GUESS_COST a token (relative figures: only ratios of costs are used)."""
+        if tokens in self.seconds:
+            return self.seconds[tokens]
+        if not self.seconds:
+            return 1 + GUESS_COST * (tokens - 1)
+        near = min(self.seconds, key=lambda t: (abs(t - tokens), t))
+        return self.seconds[near] * (1 + GUESS_COST * (tokens - 1)) / (1 + GUESS_COST * (near - 1))
 
     def odds(self, match: int, j: int) -> float:
         """How likely the j-th guess (from 0) after a match of `match` ids is kept with all before it."""
