@@ -28,6 +28,16 @@ class ServerProcess(Server):
         self.args = args
 
 
+async def job_text(job):
+    """A job's whole text from its queue, in process (an error it puts is raised)."""
+    out = []
+    while (x := await job.get()) is not None:
+        if isinstance(x, BaseException):
+            raise x
+        out.append(x)
+    return "".join(out)
+
+
 def model_of(net):
     """A network of a test's own, as the engines receive a model (with the process's tokenizer)."""
     return Model(Choice(device="cpu"), net=net, tokenizer=lm.load_tokenizer())

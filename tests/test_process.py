@@ -17,7 +17,7 @@ import threading
 import time
 
 import pytest
-from helpers import ServerProcess, http, metrics, server_log, wait_for_log
+from helpers import ServerProcess, http, job_text, metrics, server_log, wait_for_log
 from test_resume import drop_and_resume
 from test_server import read_events_then_leave
 
@@ -116,21 +116,13 @@ def test_an_id_past_the_vocabulary_is_the_engine_processs_invalid_request_not_a_
     ids = lm.tok("Hello").input_ids
     prompt, prior, bad = (ids + [size], [], size) if where == "prompt" else (ids, [5, size + 7], size + 7)
 
-    async def text(job):
-        out = []
-        while (x := await job.get()) is not None:
-            if isinstance(x, BaseException):
-                raise x
-            out.append(x)
-        return "".join(out)
-
     async def run():
         engine = EngineProcess(model, settings)
         try:
             await engine.start()
             with pytest.raises(InvalidRequest) as refused:
-                await text(ProcessJob(engine, prompt, plain_request(body).params, prior=prior).start())
-            return refused.value, await text(ProcessJob(engine, ids, plain_request(body).params).start()), engine
+                await job_text(ProcessJob(engine, prompt, plain_request(body).params, prior=prior).start())
+            return refused.value, await job_text(ProcessJob(engine, ids, plain_request(body).params).start()), engine
         finally:
             await asyncio.to_thread(engine.close)
 

@@ -10,7 +10,7 @@ import json
 
 import pytest
 import torch
-from helpers import ServerProcess, http, metrics, model_of
+from helpers import ServerProcess, http, job_text, metrics, model_of
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -99,15 +99,6 @@ def plain(i):
     return lm.tok(MESSAGES[i]).input_ids
 
 
-async def answer(job):
-    out = []
-    while (x := await job.get()) is not None:
-        if isinstance(x, BaseException):
-            raise x
-        out.append(x)
-    return "".join(out)
-
-
 def request(i, n):
     return GenerationParams(max_tokens=n, seed=i, temperature=0 if i % 2 else 0.8, top_p=0.9, ignore_eos=True)
 
@@ -121,16 +112,16 @@ def test_an_answer_with_guesses_is_the_answer_without_them_alone_and_in_a_batch(
 
     async def run():
         expected = [
-            await answer(ThreadJob(p, request(i, n), model=model_of(net)).start()) for i, p in enumerate(prompts)
+            await job_text(ThreadJob(p, request(i, n), model=model_of(net)).start()) for i, p in enumerate(prompts)
         ]
         guessing = BatchEngine(model_of(net), max_batch=8, policy=Qoe())
-        alone = [await answer(BatchedJob(guessing, p, request(i, n)).start()) for i, p in enumerate(prompts)]
+        alone = [await job_text(BatchedJob(guessing, p, request(i, n)).start()) for i, p in enumerate(prompts)]
         alone_metrics = guessing.metrics()
         together = await asyncio.gather(
-            *(answer(BatchedJob(guessing, p, request(i, n)).start()) for i, p in enumerate(prompts))
+            *(job_text(BatchedJob(guessing, p, request(i, n)).start()) for i, p in enumerate(prompts))
         )
         off = BatchEngine(model_of(net), max_batch=8, policy=Fifo(speculate=0))
-        without = [await answer(BatchedJob(off, p, request(i, n)).start()) for i, p in enumerate(prompts)]
+        without = [await job_text(BatchedJob(off, p, request(i, n)).start()) for i, p in enumerate(prompts)]
         return expected, alone, list(together), without, alone_metrics, off.metrics()
 
     expected, alone, together, without, m, m_off = asyncio.run(run())
@@ -181,7 +172,7 @@ def test_a_stop_during_a_guessing_step_lets_through_at_most_that_steps_first_tok
         global job
         e = BatchEngine(model_of(net), max_batch=2, policy=Qoe())
         job = BatchedJob(e, conversation(MESSAGES[1]), request(1, 60))
-        await answer(job.start())
+        await job_text(job.start())
         return e.metrics()
 
     m = asyncio.run(run())
