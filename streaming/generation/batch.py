@@ -303,14 +303,13 @@ class Batch:
 
 def guess(run: list[Row], most: int, odds: Odds) -> None:
     """Each running row's guesses for this step, looked up in its own text: as many as the odds
-    say pay, at most `most` in all and never past its max_tokens (speculation.shares)."""
+    say pay, at most `most` in all and never past its max_tokens (speculation.Odds.shares)."""
     proposals = []
     for r in run:
         r.match, ids = r.lookup.propose(min(most, r.planned - r.delivered - 1))
         proposals.append(ids)
-    for r, p, n in zip(
-        run, proposals, odds.shares([(r.match, len(p)) for r, p in zip(run, proposals, strict=True)], most), strict=True
-    ):
+    counts = odds.shares([(r.match, len(p)) for r, p in zip(run, proposals, strict=True)], most)
+    for r, p, n in zip(run, proposals, counts, strict=True):
         r.guesses = p[:n]
 
 
@@ -360,7 +359,7 @@ def flat_inputs(
     ]
     positions += [p for r, n in pieces for p in range(r.filled, r.filled + n)]
     joined, keep = [], list(range(len(plain)))
-    for r, (*_, offset, _) in zip(guessing, layout.pieces, strict=False):
+    for r, (*_, offset, _) in zip(guessing, layout.pieces[: len(guessing)], strict=True):
         keep += range(offset, offset + 1 + len(r.guesses))
     for (r, n), (*_, offset, _) in zip(pieces, layout.pieces[len(guessing) :], strict=True):
         if r.filled + n == len(r.ids):

@@ -3,8 +3,9 @@ the row keeps those its own sampling would have chosen anyway. Pure: ids in, ids
 
 A lone reader's step is bound by reading the weights, not by the tokens it computes: on the AVX2
 kind a pass of 5 tokens cost 1.2-1.3x a pass of 1 (fp16 weights: 67 against 55 ms alone, 80.2
-against 62.5 in the engine; w8a8: 61 against 47), 7 tokens 1.7x (fbgemm's fp16 product reads every weight again for each 6 rows, costs.py). So
-a row that is alone, or nearly, can check guesses at next to no cost. The guesses come from the
+against 62.5 in the engine; w8a8: 61 against 47), 7 tokens 1.7x (fbgemm's fp16 product reads
+every weight again for each 6 rows, costs.py). So a row that is alone, or nearly, can check
+guesses at next to no cost. The guesses come from the
 row's own text (Saxena's prompt lookup decoding, vLLM's `ngram` speculator): the last few tokens
 looked up where they occurred before, and what followed them there proposed (`Lookup`). Readers
 of an answer that quotes its prompt, or repeats itself, gain the most: on the bench's chat
@@ -18,9 +19,9 @@ there, and position i+1's logits count only if token i equals the guess fed at i
 only then were they computed from the context the row really has. The first token that differs
 is the row's own token, so every step keeps at least one: the answer is the one the row would
 have had, token for token, where the arithmetic is exact (the tests: the `exact` and `echo`
-models; a real model's last bits depend on the pass's shape, as in a batch). The keys and values of
-the guesses not kept are left in the slot past the row's length, where nothing reads them (a
-later step writes over them).
+models; a real model's last bits depend on the pass's shape, as in a batch). The keys and
+values of the guesses not kept are left in the slot past the row's length, where nothing reads
+them (a later step writes over them).
 
 Leaves out: a draft model (the bundled model is its family's smallest), trees of guesses, and
 guessing in steps that prompts join (their pass is compute-bound already).
