@@ -44,13 +44,15 @@ def configure(
     dtype: str | None = None,
     quantize: str | None = None,
     kernels: str | None = None,
+    forward: str | None = None,
 ) -> None:
     """Set the model, device and dtype before the first use; from parsed args or keywords."""
     global DEVICE
     if args is not None:
         model, device, dtype = args.model, args.device, args.dtype
         quantize, kernels = getattr(args, "quantize", None), getattr(args, "kernels", None)
-    _model.choose(model, device, dtype, quantize, kernels)
+        forward = getattr(args, "forward", None)
+    _model.choose(model, device, dtype, quantize, kernels, forward)
     DEVICE = _model.device
 
 

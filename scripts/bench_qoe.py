@@ -89,6 +89,8 @@ CONFIGS = {  # this server's settings to compare: name -> options
     "qoe+process": ["--schedule", "qoe", "--engine", "process"],  # the engine in a process of its own
     "qoe+nospec": ["--schedule", "qoe", "--speculate", "0"],  # no guessed tokens (speculation.py)
     "qoe+w8a8+nospec": ["--schedule", "qoe", "--quantize", "w8a8", "--speculate", "0"],
+    "qoe+hf": ["--schedule", "qoe", "--forward", "transformers"],  # the model's own forward (decoder.py)
+    "qoe+w8a8+hf": ["--schedule", "qoe", "--quantize", "w8a8", "--forward", "transformers"],
 }
 PEER = "transformers serve"
 # The goals (#22), each a check of the headlines against the peer's.

@@ -34,7 +34,7 @@ from typing import Any, cast
 
 import torch
 
-from streaming.generation import attention, sharing
+from streaming.generation import decoder, sharing
 from streaming.generation.job import Job
 from streaming.generation.kv import KV_MEMORY, Layout, SlotKV, default_kv_memory, fits
 from streaming.generation.parts import StepParts
@@ -43,7 +43,7 @@ from streaming.generation.prefixes import Prefixes
 from streaming.generation.sampling import Draws, choose_batch
 from streaming.generation.speculation import Lookup, Odds, kept
 from streaming.generation.waiting import WaitingRoom
-from streaming.model.loading import Model, forward_kwargs, step_kwargs
+from streaming.model.loading import Model, forward_kwargs
 
 
 class Row:
@@ -233,21 +233,15 @@ class Batch:
         """One forward pass: a token for each row in `run` (and its guesses after it, as a piece of
         its own), the prompt pieces after them."""
         m = self.model.net
-        attention.install(m)
         plain, guessing = [r for r in run if not r.guesses], [r for r in run if r.guesses]
         with self.parts.timed("kv"):
             layout = layout_of(self.kv, plain, guessing, pieces)
             self.kv.fit(len(self.kv), layout.room())
         ids, positions, keep, joined = flat_inputs(plain, guessing, pieces, layout)
         self.kv.layout = layout
+        tensors = (torch.tensor(x, dtype=torch.long, device=self.device) for x in (ids, positions, keep))
         with self.parts.timed("forward"):
-            out = m(
-                input_ids=torch.tensor([ids], device=self.device),
-                position_ids=torch.tensor([positions], device=self.device),
-                attention_mask={"full_attention": layout, "sliding_attention": layout},
-                use_cache=True,
-                **step_kwargs(m, self.kv, torch.tensor(keep, dtype=torch.long, device=self.device)),
-            )
+            logits = decoder.step(m, self.model.choice.forward == "own", layout, self.kv, *tensors)
         self.kv.layout = None
         if not pieces:  # a decode step's cost: by tokens (what guesses cost); without guesses by rows run
             self.odds.passed(len(ids), self.parts.last["forward"])
@@ -264,8 +258,7 @@ class Batch:
         for r in joined:
             self.joining.remove(r)
             self.rows.append(r)
-        logits = out.logits[0]
-        self.emit(plain + guessing + joined, logits if logits.shape[0] == len(keep) else logits[keep])
+        self.emit(plain + guessing + joined, logits)
         if any(r.done for r in run + joined):
             self.compact()
 

@@ -20,6 +20,7 @@ DTYPES = ("bfloat16", "float16", "float32")
 NAMED = ("bundled", "tiny", "exact", "echo")  # the names that are not a hub id, folder or .gguf path
 QUANTIZE = ("none", "int8", "int4", "bf16", "fp16", "w8a8")  # quant.py
 KERNELS = ("measure", "linear")  # kernels.py
+FORWARDS = ("own", "transformers")  # the batched engine's step: generation/decoder.py, or the model's forward
 
 
 class ModelError(RuntimeError):
@@ -33,6 +34,7 @@ class Choice:
     dtype: str | None = None  # None: per device (default_dtype)
     quantize: str | None = None  # None: per CPU (default_quantize)
     kernels: str | None = None  # None: measured for a real model, `linear` for the test models
+    forward: str = "own"  # the batched engine's step through decoder.py where it knows the model
 
     @classmethod
     def from_env(cls) -> Choice:
@@ -40,6 +42,7 @@ class Choice:
             os.environ.get("LM_MODEL", "bundled"),
             quantize=os.environ.get("LM_QUANTIZE") or None,
             kernels=os.environ.get("LM_KERNELS") or None,
+            forward=os.environ.get("LM_FORWARD") or "own",
         )
 
     def update(
@@ -49,6 +52,7 @@ class Choice:
         dtype: str | None = None,
         quantize: str | None = None,
         kernels: str | None = None,
+        forward: str | None = None,
     ) -> None:
         """Set what is given, checking each value (ModelError names the choices)."""
         if model:
@@ -68,6 +72,10 @@ class Choice:
             self.kernels = kernels
         if self.kernels is not None and self.kernels not in KERNELS:
             raise ModelError(f"unknown kernels {self.kernels!r}: choose one of {', '.join(KERNELS)}")
+        if forward:
+            self.forward = forward
+        if self.forward not in FORWARDS:
+            raise ModelError(f"unknown forward {self.forward!r}: choose one of {', '.join(FORWARDS)}")
         check_model_name(self.model)
 
     def kernel_choice(self) -> str:
@@ -113,6 +121,14 @@ def add_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> 
         choices=KERNELS,
         help="measure (default on the CPU): each Linear runs the product measured fastest at load for its row count; "
         "linear: torch's F.linear always ($LM_KERNELS)",
+    )
+    parser.add_argument(
+        "--forward",
+        default=None,
+        choices=FORWARDS,
+        help="own (default): the batched engine's step walks a Qwen2 or Llama model's layers itself, the same "
+        "arithmetic in fewer calls (streaming/generation/decoder.py); transformers: through the model's own "
+        "forward ($LM_FORWARD)",
     )
 
 

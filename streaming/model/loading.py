@@ -56,11 +56,13 @@ class Model:
         dtype: str | None = None,
         quantize: str | None = None,
         kernels: str | None = None,
+        forward: str | None = None,
     ) -> None:
-        """Change the choice (checked); only before the tokenizer or the network is loaded."""
+        """Change the choice (checked); only before the tokenizer or the network is loaded (the
+        forward may change later: it is read at each step)."""
         if (self._net is not None or self._tokenizer is not None) and (model or device or dtype or quantize or kernels):
             raise ModelError("configure() must come before the model or tokenizer is first used")
-        self.choice.update(model, device, dtype, quantize, kernels)
+        self.choice.update(model, device, dtype, quantize, kernels, forward)
 
     @property
     def tokenizer(self) -> Any:

@@ -1,0 +1,123 @@
+"""The batched engine's step through a Llama-family decoder (Qwen2, Llama) by its own hand: the
+same layers, weights and arithmetic as transformers' forward, in fewer calls.
+
+A lone reader's step is bound by reading the weights, yet transformers' forward spends a third of
+it on bookkeeping: each of its layers makes about 100 tensor calls, most of them views, casts and
+checks, through six nested modules with their hooks and keyword plumbing (the bundled model with
+--quantize w8a8 on the AVX2 kind, one row: 45 ms a step, of which the Linear products 20; this
+pass 39 ms, the logits bit for bit the same). So where the model is one whose layers it knows,
+the step walks them itself:
+
+    x = embed(ids);  cos, sin = rotary(positions)
+    per layer:  h = norm1(x);  q, k, v = qkv(h) (one product where fusing.py shared it), rotated;
+                the keys and values into their slots (kv.py), attention through them (attention.py);
+                x = x + o(attn);  h = norm2(x);  x = x + down(act(gate(h)) * up(h))
+    logits = head(norm(x)[keep])
+
+calling the model's own modules for every product and norm (the kernels chosen per row count,
+the quantized layers, the fused products all run as in transformers' forward), in the order
+transformers does, so every value is the same (tests: the logits of both passes equal, in both
+dtypes, for a decode step, prompt pieces and guesses). Another model, or `--forward
+transformers`, runs the model's own forward with the step's layout as its attention mask.
+
+Leaves out: models whose layers it does not know (Qwen2-MoE, Gemma's scaled embeddings, ...):
+they take the model's forward, slower and the same.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from streaming.generation import attention
+from streaming.generation.kv import Layout, SlotKV
+from streaming.model import fusing
+from streaming.model.loading import step_kwargs
+
+# The decoder layers whose forward this pass repeats (read in transformers 5's modeling_qwen2.py
+# and modeling_llama.py: the same residual order, rotary embedding and MLP)
+KNOWN_LAYERS = ("Qwen2DecoderLayer", "LlamaDecoderLayer")
+
+
+def own(m: Any) -> bool:
+    """Whether this pass knows `m`'s layers: a transformers causal LM of KNOWN_LAYERS with
+    no sliding windows, rotary positions and a gated MLP (the test models, which read their
+    slots themselves, are not)."""
+    inner = getattr(m, "model", None)
+    layers = getattr(inner, "layers", None)
+    if getattr(m, "reads_slots", False) or not layers or not hasattr(m, "lm_head"):
+        return False
+    if not all(hasattr(inner, n) for n in ("embed_tokens", "rotary_emb", "norm")):
+        return False
+    if "sliding_attention" in (getattr(m.config, "layer_types", None) or ()):
+        return False
+    return all(type(x).__name__ in KNOWN_LAYERS for x in layers)
+
+
+def step(
+    m: Any, own_pass: bool, layout: Layout, kv: SlotKV, ids: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor
+) -> torch.Tensor:
+    """The logits at `keep` (len(keep), vocabulary) of one step over the flat tokens `ids` at
+    `positions`: by this pass where it knows the model and `own_pass`, else the model's forward."""
+    if own_pass and own(m):
+        return forward(m, ids, positions, layout, kv, keep)
+    attention.install(m)
+    out = m(
+        input_ids=ids[None],
+        position_ids=positions[None],
+        attention_mask={"full_attention": layout, "sliding_attention": layout},
+        use_cache=True,
+        **step_kwargs(m, kv, keep),
+    )
+    logits = out.logits[0]
+    return logits if logits.shape[0] == len(keep) else logits[keep]
+
+
+def forward(
+    m: Any, ids: torch.Tensor, positions: torch.Tensor, layout: Layout, kv: SlotKV, keep: torch.Tensor
+) -> torch.Tensor:
+    """transformers' forward of a Llama-family causal LM over one step (the module docstring)."""
+    inner = m.model
+    x = inner.embed_tokens(ids[None])  # (1, tokens, width): the step is a batch of one
+    cos, sin = inner.rotary_emb(x, positions[None])
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # over the heads
+    for layer in inner.layers:
+        x = decoder_layer(layer, x, cos, sin, layout, kv)
+    return m.lm_head(inner.norm(x)[:, keep])[0]  # type: ignore[no-any-return]
+
+
+def decoder_layer(
+    layer: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: Layout, kv: SlotKV
+) -> torch.Tensor:
+    """One decoder layer over the step's tokens: transformers' Qwen2DecoderLayer.forward, the
+    same calls in the same order, without the module plumbing around them."""
+    a, mlp, tokens = layer.self_attn, layer.mlp, x.shape[1]
+    shape = (1, tokens, -1, a.head_dim)
+    q, k, v = (p.view(shape).transpose(1, 2) for p in products(layer.input_layernorm(x), a.q_proj, a.k_proj, a.v_proj))
+    q, k = rotated(q, cos, sin), rotated(k, cos, sin)
+    kv.update(k, v, a.layer_idx)
+    o, _ = attention.attend(a, q, k, v, layout, fallback=None, scaling=a.scaling)
+    x = x + a.o_proj(o.reshape(1, tokens, -1))
+    gate, up = products(layer.post_attention_layernorm(x), mlp.gate_proj, mlp.up_proj)
+    return x + mlp.down_proj(mlp.act_fn(gate) * up)  # type: ignore[no-any-return]
+
+
+def products(h: torch.Tensor, *layers: Any) -> list[torch.Tensor]:
+    """Each layer's product of `h`: one product sliced where the layers are the parts of one
+    shared product, in order (fusing.py), else each layer's own."""
+    first = layers[0]
+    if (
+        isinstance(first, fusing.Part)
+        and all(isinstance(p, fusing.Part) and p.shared is first.shared and p.i == i for i, p in enumerate(layers))
+        and len(layers) == len(first.shared.ends)
+    ):
+        whole = first.shared.linear(h)
+        return list(whole.split([p.out_features for p in layers], -1))
+    return [p(h) for p in layers]
+
+
+def rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """transformers' apply_rotary_pos_emb for one tensor: x cos + rotate_half(x) sin."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin

@@ -1,0 +1,137 @@
+"""The batched engine's own pass through a decoder (streaming/generation/decoder.py) against the
+model's forward: at every step of a real batch (prompts joining whole and in chunks, rows
+decoding, sitting out and leaving, guessed tokens), both passes run on the same layout and slots
+and their logits must be equal, bit for bit: a tiny Qwen2 model in both dtypes, its products plain
+and fused (fusing.py); a tiny Llama model, which only this pass runs batched, against the thread
+engine; which models it takes, and --forward."""
+
+import asyncio
+
+import pytest
+import torch
+from helpers import job_text, model_of
+
+import lm
+import server
+from streaming.generation import decoder, speculation
+from streaming.generation.batched import BatchedJob, BatchEngine
+from streaming.generation.policy import Qoe
+from streaming.generation.thread import ThreadJob
+from streaming.model import fusing
+from streaming.model.choice import Choice, ModelError
+from streaming.model.testing import ExactModel, tiny_model
+from streaming.wire.params import GenerationParams
+
+PROMPTS = [
+    "one two three, one two four, one two three, one two four, and one two five",
+    "The keeper wrote in his log: wind from the west. " * 6,  # longer than the chunk: joins in pieces
+    "abc abc abd abc abc abd abc",
+    "Why is the sky blue?",
+]
+
+
+def tiny_llama(tok):
+    """The tiny Qwen2's shape as a Llama (no biases on q, k, v): the other layer the pass knows."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        initializer_range=0.5,
+        tie_word_embeddings=True,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return LlamaForCausalLM(config)
+
+
+def net_of(kind, dtype, fused):
+    tok = lm.load_tokenizer()
+    net = (tiny_llama(tok) if kind == "llama" else tiny_model(tok)).to(dtype).eval()
+    if fused:
+        assert fusing.fuse(net) == 2 * len(net.model.layers)
+    return net
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused"])
+def test_every_step_of_a_batch_gives_the_logits_of_the_models_own_forward(monkeypatch, fused, dtype):
+    net = net_of("qwen2", dtype, fused)
+    assert decoder.own(net)
+    real, tokens = decoder.step, []
+
+    def both(m, own_pass, layout, kv, ids, positions, keep):
+        assert own_pass  # the default
+        ours = real(m, True, layout, kv, ids, positions, keep)
+        theirs = real(m, False, layout, kv, ids, positions, keep)  # writes the same keys and values again
+        assert ours.shape == (len(keep), net.config.vocab_size) and torch.equal(ours, theirs)
+        tokens.append(len(ids))
+        return ours
+
+    monkeypatch.setattr(decoder, "step", both)
+    # a random model's text rarely repeats: every row proposes its last ids again, so guesses ride
+    monkeypatch.setattr(speculation.Lookup, "propose", lambda self, k: (3, self.ids[-k:]) if k > 0 else (0, []))
+    tok = lm.load_tokenizer()
+    params = [
+        GenerationParams(max_tokens=24 + 4 * i, seed=i, temperature=0.8, top_p=0.9, ignore_eos=True)
+        for i in range(len(PROMPTS))
+    ]
+
+    async def run():
+        engine = BatchEngine(model_of(net), max_batch=8, prefill_chunk=16, policy=Qoe())
+        alone = await job_text(BatchedJob(engine, tok(PROMPTS[2]).input_ids, params[2]).start())
+        jobs = [BatchedJob(engine, tok(p).input_ids, q).start() for p, q in zip(PROMPTS, params, strict=True)]
+        together = await asyncio.gather(*map(job_text, jobs))
+        return alone, together, engine.metrics()
+
+    alone, together, m = asyncio.run(run())
+    assert alone and all(together) and m["tokens_guessed"] > 0
+    assert max(tokens) > 16 and 1 in tokens  # steps with prompt pieces, and a lone row's
+
+
+def test_a_llama_model_runs_batched_and_writes_each_prompts_text_alone():
+    """transformers' Llama makes its own masks and refuses the step's layout, so the engine ran a
+    Llama model only through this pass: its batch's texts are each prompt's alone through the
+    thread engine (the model's own forward over its own cache), greedy and seeded."""
+    net = net_of("llama", torch.float32, fused=False)
+    tok = lm.load_tokenizer()
+    prompts = [tok(p).input_ids for p in PROMPTS]
+    params = [
+        GenerationParams(max_tokens=16, seed=i, temperature=0.8 if i % 2 else 0, ignore_eos=True) for i in range(4)
+    ]
+
+    async def run():
+        alone = [
+            await job_text(ThreadJob(p, q, model=model_of(net)).start()) for p, q in zip(prompts, params, strict=True)
+        ]
+        engine = BatchEngine(model_of(net), max_batch=8, prefill_chunk=16, policy=Qoe())
+        together = await asyncio.gather(
+            *(job_text(BatchedJob(engine, p, q).start()) for p, q in zip(prompts, params, strict=True))
+        )
+        return alone, list(together)
+
+    alone, together = asyncio.run(run())
+    assert all(alone) and together == alone
+
+
+def test_the_pass_takes_the_layers_it_knows_and_leaves_the_rest_to_their_forward():
+    tok = lm.load_tokenizer()
+    assert decoder.own(tiny_model(tok)) and decoder.own(tiny_llama(tok))
+    assert not decoder.own(ExactModel(tok))  # a test model reading its slots itself
+    sliding = tiny_model(tok)
+    sliding.config.layer_types = ["sliding_attention"] * 2
+    assert not decoder.own(sliding)
+
+
+def test_forward_is_a_model_option():
+    assert Choice().forward == "own"
+    choice = Choice()
+    choice.update(forward="transformers")
+    assert choice.forward == "transformers"
+    with pytest.raises(ModelError, match="unknown forward 'mine': choose one of own, transformers"):
+        Choice().update(forward="mine")
+    assert server.parse_args(["--forward", "transformers"]).forward == "transformers"
