@@ -178,6 +178,8 @@ def test_a_stop_during_a_guessing_step_lets_through_at_most_that_steps_first_tok
     m = asyncio.run(run())
     assert m["guesses_kept"] > 0  # guesses were kept before the stop
     assert job.produced - seen["produced"] <= 1
+    # counted as delivered: one token a pass (the prompt's, then each decode step's), the rest guesses kept
+    assert m["tokens_generated"] == job.produced and m["guesses_kept"] == job.produced - calls[0]
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(14, 2), (4, 2), (6, 3), (8, 1)])

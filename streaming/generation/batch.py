@@ -276,9 +276,10 @@ class Batch:
             self.guesses_kept += sum(map(len, taken)) - len(rows)
         with self.parts.timed("hand_off"):
             undelivered = sum(row.take(tokens, self.odds, now) for row, tokens in zip(rows, taken, strict=True))
-        if undelivered:
+        if undelivered:  # (a step's first token always goes: those after an end were guesses kept)
             with self.lock:
                 self.tokens -= undelivered
+                self.guesses_kept -= undelivered
 
     def compact(self) -> None:
         """Drop the rows that are done: their slots go back."""
