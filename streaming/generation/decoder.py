@@ -38,6 +38,7 @@ from streaming.model.loading import step_kwargs
 # The decoder layers whose forward this pass repeats (read in transformers 5's modeling_qwen2.py
 # and modeling_llama.py: the same residual order, rotary embedding and MLP)
 KNOWN_LAYERS = ("Qwen2DecoderLayer", "LlamaDecoderLayer")
+KNOWN_NORMS = ("Qwen2RMSNorm", "LlamaRMSNorm")  # the same arithmetic (`normed`)
 
 
 def own(m: Any) -> bool:
@@ -52,7 +53,8 @@ def own(m: Any) -> bool:
         return False
     if "sliding_attention" in (getattr(m.config, "layer_types", None) or ()):
         return False
-    return all(type(x).__name__ in KNOWN_LAYERS for x in layers)
+    norms = [inner.norm, *(n for x in layers for n in (x.input_layernorm, x.post_attention_layernorm))]
+    return all(type(x).__name__ in KNOWN_LAYERS for x in layers) and all(type(n).__name__ in KNOWN_NORMS for n in norms)
 
 
 def step(
@@ -81,43 +83,69 @@ def forward(
     inner = m.model
     x = inner.embed_tokens(ids[None])  # (1, tokens, width): the step is a batch of one
     cos, sin = inner.rotary_emb(x, positions[None])
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # over the heads
+    half = sin.shape[-1] // 2  # rotate_half(x) sin = cat(x2, x1) cat(-sin1, sin2): no negation per layer
+    cos, signed = cos.unsqueeze(1), torch.cat((-sin[..., :half], sin[..., half:]), dim=-1).unsqueeze(1)
     for layer in inner.layers:
-        x = decoder_layer(layer, x, cos, sin, layout, kv)
-    return m.lm_head(inner.norm(x)[:, keep])[0]  # type: ignore[no-any-return]
+        x = decoder_layer(layer, x, cos, signed, layout, kv)
+    return m.lm_head(normed(inner.norm, x)[:, keep])[0]  # type: ignore[no-any-return]
 
 
 def decoder_layer(
-    layer: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: Layout, kv: SlotKV
+    layer: Any, x: torch.Tensor, cos: torch.Tensor, signed: torch.Tensor, layout: Layout, kv: SlotKV
 ) -> torch.Tensor:
     """One decoder layer over the step's tokens: transformers' Qwen2DecoderLayer.forward, the
-    same calls in the same order, without the module plumbing around them."""
-    a, mlp, tokens = layer.self_attn, layer.mlp, x.shape[1]
-    shape = (1, tokens, -1, a.head_dim)
-    q, k, v = (p.view(shape).transpose(1, 2) for p in products(layer.input_layernorm(x), a.q_proj, a.k_proj, a.v_proj))
-    q, k = rotated(q, cos, sin), rotated(k, cos, sin)
+    same arithmetic in the same order, without the module plumbing around it."""
+    a, mlp = layer.self_attn, layer.mlp
+    q, k, v = attention_inputs(a, normed(layer.input_layernorm, x), cos, signed)
     kv.update(k, v, a.layer_idx)
     o, _ = attention.attend(a, q, k, v, layout, fallback=None, scaling=a.scaling)
-    x = x + a.o_proj(o.reshape(1, tokens, -1))
-    gate, up = products(layer.post_attention_layernorm(x), mlp.gate_proj, mlp.up_proj)
+    x = x + a.o_proj(o.reshape(1, x.shape[1], -1))
+    h = normed(layer.post_attention_layernorm, x)
+    if (whole := shared_product(h, mlp.gate_proj, mlp.up_proj)) is not None:
+        gate, up = whole.split([mlp.gate_proj.out_features, mlp.up_proj.out_features], -1)
+    else:
+        gate, up = mlp.gate_proj(h), mlp.up_proj(h)
     return x + mlp.down_proj(mlp.act_fn(gate) * up)  # type: ignore[no-any-return]
 
 
-def products(h: torch.Tensor, *layers: Any) -> list[torch.Tensor]:
-    """Each layer's product of `h`: one product sliced where the layers are the parts of one
-    shared product, in order (fusing.py), else each layer's own."""
+def attention_inputs(
+    a: Any, h: torch.Tensor, cos: torch.Tensor, signed: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The queries, keys and values of a layer's input (1, heads, tokens, head dim), the queries
+    and keys rotated: from one product, rotated together, where fusing.py shared it."""
+    shape = (1, h.shape[1], -1, a.head_dim)
+    if (whole := shared_product(h, a.q_proj, a.k_proj, a.v_proj)) is not None:
+        heads = (a.q_proj.out_features + a.k_proj.out_features) // a.head_dim  # queries' and keys'
+        split = heads * a.head_dim
+        qk = rotated(whole[..., :split].view(shape).transpose(1, 2), cos, signed)
+        nq = a.q_proj.out_features // a.head_dim
+        return qk[:, :nq], qk[:, nq:], whole[..., split:].view(shape).transpose(1, 2)
+    q, k, v = (p(h).view(shape).transpose(1, 2) for p in (a.q_proj, a.k_proj, a.v_proj))
+    return rotated(q, cos, signed), rotated(k, cos, signed), v
+
+
+def shared_product(h: torch.Tensor, *layers: Any) -> torch.Tensor | None:
+    """The one product of `h` whose parts, in order, the layers are (fusing.py); None if they
+    are not exactly that."""
     first = layers[0]
-    if (
-        isinstance(first, fusing.Part)
-        and all(isinstance(p, fusing.Part) and p.shared is first.shared and p.i == i for i, p in enumerate(layers))
-        and len(layers) == len(first.shared.ends)
-    ):
-        whole = first.shared.linear(h)
-        return list(whole.split([p.out_features for p in layers], -1))
-    return [p(h) for p in layers]
+    if not isinstance(first, fusing.Part) or len(layers) != len(first.shared.ends):
+        return None
+    if not all(isinstance(p, fusing.Part) and p.shared is first.shared and p.i == i for i, p in enumerate(layers)):
+        return None
+    return first.shared.linear(h)  # type: ignore[no-any-return]
 
 
-def rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """transformers' apply_rotary_pos_emb for one tensor: x cos + rotate_half(x) sin."""
+def normed(norm: Any, x: torch.Tensor) -> torch.Tensor:
+    """transformers' Qwen2RMSNorm and LlamaRMSNorm forward (the same), without the module call."""
+    dtype = x.dtype
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+    return norm.weight * h.to(dtype)  # type: ignore[no-any-return]
+
+
+def rotated(x: torch.Tensor, cos: torch.Tensor, signed: torch.Tensor) -> torch.Tensor:
+    """transformers' apply_rotary_pos_emb for one tensor: x cos + rotate_half(x) sin, with
+    rotate_half's negation carried by `signed` (cat(-sin1, sin2)): (-a) b and a (-b) are the
+    same number, so the bits are transformers'."""
     half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+    return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * signed
