@@ -1,12 +1,14 @@
 """The batched engine's step through a Llama-family decoder (Qwen2, Llama) by its own hand: the
 same layers, weights and arithmetic as transformers' forward, in fewer calls.
 
-A lone reader's step is bound by reading the weights, yet transformers' forward spends a third of
-it on bookkeeping: each of its layers makes about 100 tensor calls, most of them views, casts and
-checks, through six nested modules with their hooks and keyword plumbing (the bundled model with
---quantize w8a8 on the AVX2 kind, one row: 45 ms a step, of which the Linear products 20; this
-pass 39 ms, the logits bit for bit the same). So where the model is one whose layers it knows,
-the step walks them itself:
+A lone reader's step is bound by reading the weights, yet transformers' forward spends a good
+part of it on bookkeeping: each of its layers makes about 100 tensor calls, most of them views,
+casts and checks, through six nested modules with their hooks and keyword plumbing (the bundled
+model alone with --quantize w8a8 on the AVX2 kind, one row: 45 ms a step, the Linear products 20
+of it; this pass 39 ms). In the engine, one reader without guesses (README, "The engine's own
+pass"): a forward pass of 48.9-49.5 against 52.4-54.3 ms with w8a8, 49.5-54.1 against 58.1-62.9
+with the default fp16 weights, the logits bit for bit the same. So where the model is one whose
+layers it knows, the step walks them itself:
 
     x = embed(ids);  cos, sin = rotary(positions)
     per layer:  h = norm1(x);  q, k, v = qkv(h) (one product where fusing.py shared it), rotated;
@@ -14,11 +16,13 @@ the step walks them itself:
                 x = x + o(attn);  h = norm2(x);  x = x + down(act(gate(h)) * up(h))
     logits = head(norm(x)[keep])
 
-calling the model's own modules for every product and norm (the kernels chosen per row count,
-the quantized layers, the fused products all run as in transformers' forward), in the order
-transformers does, so every value is the same (tests: the logits of both passes equal, in both
-dtypes, for a decode step, prompt pieces and guesses). Another model, or `--forward
-transformers`, runs the model's own forward with the step's layout as its attention mask.
+calling the model's own modules for every product (the kernels chosen per row count, the
+quantized layers, the fused products all run as in transformers' forward) and repeating its norm
+and rotary arithmetic, in the order transformers does, so every value is the same (tests: the
+logits of both passes equal at every step of a batch, in both dtypes: decode steps, prompt
+pieces, guesses). Another model, or `--forward transformers`, runs the model's own forward with
+the step's layout as its attention mask. (transformers' Llama makes its own masks and refuses the
+layout: a Llama model runs batched through this pass only.)
 
 Leaves out: models whose layers it does not know (Qwen2-MoE, Gemma's scaled embeddings, ...):
 they take the model's forward, slower and the same.
@@ -26,6 +30,7 @@ they take the model's forward, slower and the same.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -39,22 +44,32 @@ from streaming.model.loading import step_kwargs
 # and modeling_llama.py: the same residual order, rotary embedding and MLP)
 KNOWN_LAYERS = ("Qwen2DecoderLayer", "LlamaDecoderLayer")
 KNOWN_NORMS = ("Qwen2RMSNorm", "LlamaRMSNorm")  # the same arithmetic (`normed`)
+KNOWN: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()  # own(), by model
 
 
 def own(m: Any) -> bool:
-    """Whether this pass knows `m`'s layers: a transformers causal LM of KNOWN_LAYERS with
-    no sliding windows, rotary positions and a gated MLP (the test models, which read their
-    slots themselves, are not)."""
+    """Whether this pass knows `m`'s layers: a transformers causal LM of KNOWN_LAYERS and
+    KNOWN_NORMS without sliding windows (the test models, which read their slots themselves, are
+    not). Asked at every step: answered once per model."""
+    known = KNOWN.get(m)
+    if known is None:
+        known = KNOWN[m] = knows(m)
+    return known
+
+
+def knows(m: Any) -> bool:
     inner = getattr(m, "model", None)
     layers = getattr(inner, "layers", None)
-    if getattr(m, "reads_slots", False) or not layers or not hasattr(m, "lm_head"):
+    if getattr(m, "reads_slots", False) or inner is None or not layers or not hasattr(m, "lm_head"):
         return False
     if not all(hasattr(inner, n) for n in ("embed_tokens", "rotary_emb", "norm")):
         return False
     if "sliding_attention" in (getattr(m.config, "layer_types", None) or ()):
         return False
+    if not all(type(x).__name__ in KNOWN_LAYERS for x in layers):
+        return False
     norms = [inner.norm, *(n for x in layers for n in (x.input_layernorm, x.post_attention_layernorm))]
-    return all(type(x).__name__ in KNOWN_LAYERS for x in layers) and all(type(n).__name__ in KNOWN_NORMS for n in norms)
+    return all(type(n).__name__ in KNOWN_NORMS for n in norms)
 
 
 def step(
