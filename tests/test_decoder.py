@@ -17,7 +17,7 @@ from streaming.generation import decoder, speculation
 from streaming.generation.batched import BatchedJob, BatchEngine
 from streaming.generation.policy import Qoe
 from streaming.generation.thread import ThreadJob
-from streaming.model import fusing
+from streaming.model import fusing, quant, smooth
 from streaming.model.choice import Choice, ModelError
 from streaming.model.testing import ExactModel, tiny_model
 from streaming.wire.params import GenerationParams
@@ -57,19 +57,18 @@ def net_of(kind, dtype, fused):
     return net
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused"])
-def test_every_step_of_a_batch_gives_the_logits_of_the_models_own_forward(monkeypatch, fused, dtype):
-    net = net_of("qwen2", dtype, fused)
+def both_passes_at_every_step(monkeypatch, net):
+    """Run a batch through the engine with every step computed by both passes on the same layout
+    and slots (the logits must be equal); returns the tokens and whether every slot ran, by step."""
     assert decoder.own(net)
-    real, tokens = decoder.step, []
+    real, steps = decoder.step, []
 
-    def both(m, own_pass, layout, kv, ids, positions, keep):
-        assert own_pass  # the default
-        ours = real(m, True, layout, kv, ids, positions, keep)
-        theirs = real(m, False, layout, kv, ids, positions, keep)  # writes the same keys and values again
+    def both(m, by, layout, kv, ids, positions, keep):
+        assert by == "own"  # the default
+        ours = real(m, "own", layout, kv, ids, positions, keep)
+        theirs = real(m, "transformers", layout, kv, ids, positions, keep)  # writes the same keys and values again
         assert ours.shape == (len(keep), net.config.vocab_size) and torch.equal(ours, theirs)
-        tokens.append(len(ids))
+        steps.append((len(ids), layout.every_slot))
         return ours
 
     monkeypatch.setattr(decoder, "step", both)
@@ -89,14 +88,37 @@ def test_every_step_of_a_batch_gives_the_logits_of_the_models_own_forward(monkey
         return alone, together, engine.metrics()
 
     alone, together, m = asyncio.run(run())
-    assert alone and all(together) and m["tokens_guessed"] > 0
+    assert alone and all(together) and m["tokens_guessed"] > 0 and m["forward"] == "own"
+    tokens = [n for n, _ in steps]
     assert max(tokens) > 16 and 1 in tokens  # steps with prompt pieces, and a lone row's
+    return steps
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused"])
+def test_every_step_of_a_batch_gives_the_logits_of_the_models_own_forward(monkeypatch, fused, dtype):
+    steps = both_passes_at_every_step(monkeypatch, net_of("qwen2", dtype, fused))
+    assert not all(every for _, every in steps)  # some rows sat a step out (qoe: their readers were ahead)
+
+
+@pytest.mark.skipif(not quant.fbgemm_available(), reason="fp16 and w8a8 run fbgemm's kernels (x86 builds of torch)")
+@pytest.mark.parametrize("mode", ["fp16", "w8a8"])
+def test_the_quantized_layers_give_the_same_logits_through_both_passes(monkeypatch, mode):
+    """The products fused then quantized, as a server loads the bundled model (loading.py), every
+    product through the quantized kernel."""
+    tok = lm.load_tokenizer()
+    net = net_of("qwen2", torch.float32, fused=True)
+    calibration = smooth.calibration_ids(tok) if mode == "w8a8" else None
+    net = quant.quantize(net, mode, 1 << 30, calibration)
+    assert isinstance(net.model.layers[0].self_attn.q_proj.shared.linear, quant.QuantLinear)
+    both_passes_at_every_step(monkeypatch, net)
 
 
 def test_a_llama_model_runs_batched_and_writes_each_prompts_text_alone():
     """transformers' Llama makes its own masks and refuses the step's layout, so the engine ran a
     Llama model only through this pass: its batch's texts are each prompt's alone through the
-    thread engine (the model's own forward over its own cache), greedy and seeded."""
+    thread engine (the model's own forward over its own cache), greedy and seeded, float32; and
+    so with --forward transformers too."""
     net = net_of("llama", torch.float32, fused=False)
     tok = lm.load_tokenizer()
     prompts = [tok(p).input_ids for p in PROMPTS]
@@ -108,14 +130,20 @@ def test_a_llama_model_runs_batched_and_writes_each_prompts_text_alone():
         alone = [
             await job_text(ThreadJob(p, q, model=model_of(net)).start()) for p, q in zip(prompts, params, strict=True)
         ]
-        engine = BatchEngine(model_of(net), max_batch=8, prefill_chunk=16, policy=Qoe())
-        together = await asyncio.gather(
-            *(job_text(BatchedJob(engine, p, q).start()) for p, q in zip(prompts, params, strict=True))
-        )
-        return alone, list(together)
+        out = []
+        for forward in ("own", "transformers"):  # told to take the model's forward: it takes this pass
+            model = model_of(net)
+            model.choice.update(forward=forward)
+            engine = BatchEngine(model, max_batch=8, prefill_chunk=16, policy=Qoe())
+            together = await asyncio.gather(
+                *(job_text(BatchedJob(engine, p, q).start()) for p, q in zip(prompts, params, strict=True))
+            )
+            out.append(list(together))
+            assert engine.metrics()["forward"] == "own"
+        return alone, out
 
-    alone, together = asyncio.run(run())
-    assert all(alone) and together == alone
+    alone, (own, told) = asyncio.run(run())
+    assert all(alone) and own == alone and told == alone
 
 
 def test_the_pass_takes_the_layers_it_knows_and_leaves_the_rest_to_their_forward():
@@ -125,6 +153,12 @@ def test_the_pass_takes_the_layers_it_knows_and_leaves_the_rest_to_their_forward
     sliding = tiny_model(tok)
     sliding.config.layer_types = ["sliding_attention"] * 2
     assert not decoder.own(sliding)
+    replaced = tiny_model(tok)  # an MLP of another class (a fused or quantized library's, say)
+    replaced.model.layers[1].mlp = torch.nn.Identity()
+    assert not decoder.own(replaced)
+    cut = tiny_model(tok)  # more layers than the config walks
+    cut.config.num_hidden_layers = 1
+    assert not decoder.own(cut)
 
 
 def test_forward_is_a_model_option():
@@ -135,3 +169,15 @@ def test_forward_is_a_model_option():
     with pytest.raises(ModelError, match="unknown forward 'mine': choose one of own, transformers"):
         Choice().update(forward="mine")
     assert server.parse_args(["--forward", "transformers"]).forward == "transformers"
+    net, tok = net_of("qwen2", torch.float32, fused=False), lm.load_tokenizer()
+
+    async def run(forward):
+        model = model_of(net)
+        model.choice.update(forward=forward)
+        engine = BatchEngine(model, max_batch=4, policy=Qoe())
+        before = engine.metrics()["forward"]
+        text = await job_text(BatchedJob(engine, tok(PROMPTS[3]).input_ids, GenerationParams(max_tokens=12)).start())
+        return text, before, engine.metrics()["forward"]
+
+    own, theirs = asyncio.run(run("own")), asyncio.run(run("transformers"))
+    assert own[1:] == (None, "own") and theirs[1:] == (None, "transformers") and own[0] == theirs[0]

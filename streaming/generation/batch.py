@@ -126,6 +126,7 @@ class Batch:
         self.costs = StepCosts()  # decode steps' seconds by rows run: the policy lets rows ride where free
         self.odds = Odds()  # what guesses are worth here: kept how often, passes cost how much
         self.widest = 1  # the most tokens one row got at the last step (its guesses kept and one)
+        self.forward_by: str | None = None  # the pass the last step took (decoder.py; --forward)
         # (under the lock) tokens sampled, row-steps sat out, prompt tokens copied from another row's
         # slot instead of computed, guessed tokens fed and kept (speculation.py)
         self.tokens = self.skipped = self.shared = self.guessed = self.guesses_kept = 0
@@ -240,8 +241,9 @@ class Batch:
         ids, positions, keep, joined = flat_inputs(plain, guessing, pieces, layout)
         self.kv.layout = layout
         tensors = (torch.tensor(x, dtype=torch.long, device=self.device) for x in (ids, positions, keep))
+        self.forward_by = decoder.chosen(m, self.model.choice.forward == "own")
         with self.parts.timed("forward"):
-            logits = decoder.step(m, self.model.choice.forward == "own", layout, self.kv, *tensors)
+            logits = decoder.step(m, self.forward_by, layout, self.kv, *tensors)
         self.kv.layout = None
         if not pieces:  # a decode step's cost: by tokens (what guesses cost); without guesses by rows run
             self.odds.passed(len(ids), self.parts.last["forward"])

@@ -135,6 +135,7 @@ class BatchEngine:
                 "prefix_hits": b.prefixes.hits,  # prompts prefilled after a kept shared beginning
                 "prompt_tokens_shared": b.shared,  # copied from a row in the batch with the same beginning
                 "speculate": b.policy.speculate,  # --speculate
+                "forward": b.forward_by,  # the pass the last step took: own (decoder.py) or transformers; None before any
                 "tokens_guessed": b.guessed,  # guessed tokens fed to the model (speculation.py)
                 "guesses_kept": b.guesses_kept,  # of those, the ones the rows' own sampling chose too
                 "step_seconds": round(self.step_seconds, 3),  # bench.py: mean step time per batch size

@@ -21,8 +21,8 @@ quantized layers, the fused products all run as in transformers' forward) and re
 and rotary arithmetic, in the order transformers does, so every value is the same (tests: the
 logits of both passes equal at every step of a batch, in both dtypes: decode steps, prompt
 pieces, guesses). Another model, or `--forward transformers`, runs the model's own forward with
-the step's layout as its attention mask. (transformers' Llama makes its own masks and refuses the
-layout: a Llama model runs batched through this pass only.)
+the step's layout as its attention mask; but transformers' Llama makes its own masks and refuses
+the layout, so a Llama model runs batched through this pass only, whatever --forward says.
 
 Leaves out: models whose layers it does not know (Qwen2-MoE, Gemma's scaled embeddings, ...):
 they take the model's forward, slower and the same.
@@ -43,7 +43,11 @@ from streaming.model.loading import step_kwargs
 # The decoder layers whose forward this pass repeats (read in transformers 5's modeling_qwen2.py
 # and modeling_llama.py: the same residual order, rotary embedding and MLP)
 KNOWN_LAYERS = ("Qwen2DecoderLayer", "LlamaDecoderLayer")
+KNOWN_PARTS = ("Qwen2Attention", "LlamaAttention", "Qwen2MLP", "LlamaMLP")  # their attention and MLP, unreplaced
 KNOWN_NORMS = ("Qwen2RMSNorm", "LlamaRMSNorm")  # the same arithmetic (`normed`)
+# The layers whose model's forward takes the step's layout as its mask mapping: transformers'
+# Llama makes its own masks and refuses it, so a Llama model takes this pass even when told not to
+LAYOUT_AS_MASK = ("Qwen2DecoderLayer",)
 KNOWN: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()  # own(), by model
 
 
@@ -66,18 +70,37 @@ def knows(m: Any) -> bool:
         return False
     if "sliding_attention" in (getattr(m.config, "layer_types", None) or ()):
         return False
-    if not all(type(x).__name__ in KNOWN_LAYERS for x in layers):
+    if len(layers) != getattr(m.config, "num_hidden_layers", len(layers)):
+        return False  # (transformers walks the first num_hidden_layers only)
+    if not all(transformers_class(x, KNOWN_LAYERS) for x in layers):
         return False
+    parts = [p for x in layers for p in (x.self_attn, x.mlp)]
     norms = [inner.norm, *(n for x in layers for n in (x.input_layernorm, x.post_attention_layernorm))]
-    return all(type(n).__name__ in KNOWN_NORMS for n in norms)
+    return all(transformers_class(p, KNOWN_PARTS) for p in parts) and all(
+        transformers_class(n, KNOWN_NORMS) for n in norms
+    )
+
+
+def transformers_class(module: Any, names: tuple[str, ...]) -> bool:
+    """Whether a module is one of transformers' own classes of these names (not a replacement,
+    nor remote code that borrowed the name)."""
+    return type(module).__name__ in names and type(module).__module__.startswith("transformers.models.")
+
+
+def chosen(m: Any, own_pass: bool) -> str:
+    """Which pass a step of `m` takes: "own" (this one) where it knows the model and `own_pass`,
+    or where the model's forward would refuse the layout; else "transformers"."""
+    if own(m) and (own_pass or type(m.model.layers[0]).__name__ not in LAYOUT_AS_MASK):
+        return "own"
+    return "transformers"
 
 
 def step(
-    m: Any, own_pass: bool, layout: Layout, kv: SlotKV, ids: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor
+    m: Any, by: str, layout: Layout, kv: SlotKV, ids: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor
 ) -> torch.Tensor:
     """The logits at `keep` (len(keep), vocabulary) of one step over the flat tokens `ids` at
-    `positions`: by this pass where it knows the model and `own_pass`, else the model's forward."""
-    if own_pass and own(m):
+    `positions`, by this pass ("own") or the model's forward ("transformers"): `chosen`."""
+    if by == "own":
         return forward(m, ids, positions, layout, kv, keep)
     attention.install(m)
     out = m(

@@ -128,7 +128,7 @@ def add_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> 
         choices=FORWARDS,
         help="own (default): the batched engine's step walks a Qwen2 or Llama model's layers itself, the same "
         "arithmetic in fewer calls (streaming/generation/decoder.py); transformers: through the model's own "
-        "forward ($LM_FORWARD)",
+        "forward where it takes the step's layout (Qwen2; a Llama model refuses it and takes the own pass) ($LM_FORWARD)",
     )
 
 
