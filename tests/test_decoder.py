@@ -30,28 +30,9 @@ PROMPTS = [
 ]
 
 
-def tiny_llama(tok):
-    """The tiny Qwen2's shape as a Llama (no biases on q, k, v): the other layer the pass knows."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        initializer_range=0.5,
-        tie_word_embeddings=True,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        return LlamaForCausalLM(config)
-
-
 def net_of(kind, dtype, fused):
     tok = lm.load_tokenizer()
-    net = (tiny_llama(tok) if kind == "llama" else tiny_model(tok)).to(dtype).eval()
+    net = tiny_model(tok, kind).to(dtype).eval()
     if fused:
         assert fusing.fuse(net) == 2 * len(net.model.layers)
     return net
@@ -148,7 +129,7 @@ def test_a_llama_model_runs_batched_and_writes_each_prompts_text_alone():
 
 def test_the_pass_takes_the_layers_it_knows_and_leaves_the_rest_to_their_forward():
     tok = lm.load_tokenizer()
-    assert decoder.own(tiny_model(tok)) and decoder.own(tiny_llama(tok))
+    assert decoder.own(tiny_model(tok)) and decoder.own(tiny_model(tok, "llama"))
     assert not decoder.own(ExactModel(tok))  # a test model reading its slots itself
     sliding = tiny_model(tok)
     sliding.config.layer_types = ["sliding_attention"] * 2

@@ -17,11 +17,13 @@ from typing import Any
 import torch
 
 
-def tiny_model(tokenizer: Any) -> torch.nn.Module:
-    """Qwen2 architecture, 2 layers, width 64, seeded random weights, real vocabulary size."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+def tiny_model(tokenizer: Any, architecture: str = "qwen2") -> torch.nn.Module:
+    """Qwen2 architecture (or `llama`: the same shape, no biases on q, k, v), 2 layers, width 64,
+    seeded random weights, real vocabulary size."""
+    import transformers
 
-    config = Qwen2Config(
+    prefix = {"qwen2": "Qwen2", "llama": "Llama"}[architecture]
+    config = getattr(transformers, prefix + "Config")(
         vocab_size=len(tokenizer),
         hidden_size=64,
         intermediate_size=128,
@@ -38,8 +40,8 @@ def tiny_model(tokenizer: Any) -> torch.nn.Module:
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        m = Qwen2ForCausalLM(config)
-    return m
+        m = getattr(transformers, prefix + "ForCausalLM")(config)
+    return m  # type: ignore[no-any-return]
 
 
 class ExactModel(torch.nn.Module):
