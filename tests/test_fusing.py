@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 import torch
-from helpers import model_of
+from helpers import job_text, model_of
 
 import lm
 from streaming.generation.thread import ThreadJob
@@ -44,11 +44,9 @@ def test_a_fused_model_writes_the_greedy_text_of_the_plain_one():
     body = {"prompt": PROMPT, "max_tokens": 24, "temperature": 0}
 
     async def text(net):
-        job = ThreadJob(lm.tok(PROMPT).input_ids, plain_request(body).params, model=model_of(net)).start()
-        out = []
-        while (x := await job.get()) is not None:
-            out.append(x)
-        return "".join(out)
+        return await job_text(
+            ThreadJob(lm.tok(PROMPT).input_ids, plain_request(body).params, model=model_of(net)).start()
+        )
 
     assert asyncio.run(text(fused)) == asyncio.run(text(plain))
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 import torch
-from helpers import model_of
+from helpers import job_text, model_of
 
 import lm
 from streaming.generation.batched import BatchedJob, BatchEngine
@@ -189,22 +189,17 @@ def params(i, n=16):
     return plain_request({"prompt": PROMPTS[i], "max_tokens": n, "seed": i, "temperature": 0}).params
 
 
-async def drain(job):
-    out = []
-    while (x := await job.get()) is not None:
-        out.append(x)
-    return "".join(out)
-
-
 def alone_and_together(net):
     """Each prompt's greedy text alone (the thread engine), then all of them in one batch."""
     model = model_of(net)
     ids = [lm.tok(p).input_ids for p in PROMPTS]
 
     async def run():
-        alone = [await drain(ThreadJob(ids[i], params(i), model=model).start()) for i in range(len(PROMPTS))]
+        alone = [await job_text(ThreadJob(ids[i], params(i), model=model).start()) for i in range(len(PROMPTS))]
         e = BatchEngine(model, max_batch=4)
-        together = await asyncio.gather(*(drain(BatchedJob(e, ids[i], params(i)).start()) for i in range(len(PROMPTS))))
+        together = await asyncio.gather(
+            *(job_text(BatchedJob(e, ids[i], params(i)).start()) for i in range(len(PROMPTS)))
+        )
         return alone, list(together)
 
     return asyncio.run(run())

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from helpers import ROOT, ServerProcess, http, metrics, model_of, stream_texts
+from helpers import ROOT, ServerProcess, http, job_text, metrics, model_of, stream_texts
 
 import lm
 from streaming.generation import attention, kv
@@ -334,13 +334,6 @@ def ids(i):
     return lm.tok(PROMPTS[i % len(PROMPTS)]).input_ids
 
 
-async def drain(job):
-    out = []
-    while (x := await job.get()) is not None:
-        out.append(x)
-    return "".join(out)
-
-
 class Clock:
     def __init__(self):
         self.now = 100.0
@@ -363,7 +356,9 @@ def stepped(net, policy, n_jobs, tokens=12):
 
 def alone(net, n_jobs, tokens=12):
     async def run():
-        return [await drain(ThreadJob(ids(i), params(i, tokens), model=model_of(net)).start()) for i in range(n_jobs)]
+        return [
+            await job_text(ThreadJob(ids(i), params(i, tokens), model=model_of(net)).start()) for i in range(n_jobs)
+        ]
 
     return asyncio.run(run())
 
@@ -381,7 +376,7 @@ def test_a_burst_joins_in_one_step_within_the_budget_and_gives_each_its_text_alo
             while e.batch.rows or e.batch.joining:
                 clock.now += 0.2
                 e.batch.step()
-        return after_one, [await drain(j) for j in jobs]
+        return after_one, [await job_text(j) for j in jobs]
 
     after_one, texts = asyncio.run(run(sum(lengths)))
     assert after_one == [1] * 8  # all eight prompts in one forward pass: each has its first token
@@ -410,7 +405,7 @@ def test_rows_that_sit_steps_out_keep_their_text_and_a_stop_holds_within_a_step(
                     stop_at = jobs[3].produced
                 if not (e.batch.rows or e.batch.joining):
                     break
-        texts = [await drain(j) for j in jobs]
+        texts = [await job_text(j) for j in jobs]
         return e, jobs, texts, skipped_orphan, stop_at
 
     e, jobs, texts, skipped_orphan, stop_at = asyncio.run(run())
@@ -456,7 +451,7 @@ def test_a_request_that_would_pass_the_kv_memory_waits_its_turn_and_keeps_its_te
                 e.batch.step()
                 with e.lock:
                     e.batch.admit(e.max_batch)
-        return admitted, waiting, [await drain(j) for j in jobs]
+        return admitted, waiting, [await job_text(j) for j in jobs]
 
     admitted, waiting, texts = asyncio.run(run())
     assert admitted == 1 and waiting == 0  # the second waits, first in line, though there are places
@@ -608,10 +603,10 @@ def test_a_shared_beginning_is_prefilled_once_and_the_texts_stay_those_of_each_a
         with torch.inference_mode():
             while e.batch.rows or e.batch.joining:
                 e.batch.step()
-        return e, [await drain(j) for j in jobs]
+        return e, [await job_text(j) for j in jobs]
 
     async def each_alone():
-        return [await drain(ThreadJob(p, params(i, 12), model=model_of(net)).start()) for i, p in enumerate(prompts)]
+        return [await job_text(ThreadJob(p, params(i, 12), model=model_of(net)).start()) for i, p in enumerate(prompts)]
 
     e, texts = asyncio.run(run())
     assert e.batch.prefixes.hits == len(prompts) and len(e.batch.prefixes.known) == 1
@@ -645,7 +640,7 @@ def test_a_quantized_request_in_the_engine_gives_its_own_unbatched_runs_tokens(m
 
     async def run():
         e = BatchEngine(max_batch=4, model=model_of(net))
-        together = [await drain(BatchedJob(e, ids(i), params(i, 20)).start()) for i in range(3)]
+        together = [await job_text(BatchedJob(e, ids(i), params(i, 20)).start()) for i in range(3)]
         return together
 
     assert asyncio.run(run()) == alone(net, 3, tokens=20)
