@@ -91,14 +91,8 @@ CONFIGS = {  # this server's settings to compare: name -> options
     "qoe+w8a8+nospec": ["--schedule", "qoe", "--quantize", "w8a8", "--speculate", "0"],
     "qoe+hf": ["--schedule", "qoe", "--forward", "transformers"],  # the model's own forward (decoder.py)
     "qoe+w8a8+hf": ["--schedule", "qoe", "--quantize", "w8a8", "--forward", "transformers"],
-    "qoe+nospec+hf": [
-        "--schedule",
-        "qoe",
-        "--speculate",
-        "0",
-        "--forward",
-        "transformers",
-    ],  # the same text as qoe+nospec
+    # without guesses both passes write the same text: the pass alone is compared
+    "qoe+nospec+hf": ["--schedule", "qoe", "--speculate", "0", "--forward", "transformers"],
     "qoe+w8a8+nospec+hf": ["--schedule", "qoe", "--quantize", "w8a8", "--speculate", "0", "--forward", "transformers"],
 }
 PEER = "transformers serve"
