@@ -9,10 +9,10 @@ import asyncio
 
 import pytest
 import torch
-from helpers import model_of
+from helpers import job_text, model_of
 from hypothesis import given
 from hypothesis import strategies as st
-from test_schedule import DTYPES, Clock, drain
+from test_schedule import DTYPES, Clock
 
 import lm
 from streaming.generation.batch import Row
@@ -108,7 +108,7 @@ def engine(net, tokens, order, late=()):
                     for i in late:
                         e.waiting.append(Row(jobs[i], clock()))
                     e.batch.admit(e.max_batch)
-        return [await drain(j) for j in jobs]
+        return [await job_text(j) for j in jobs]
 
     return e, asyncio.run(run()), steps_to_first
 
@@ -118,7 +118,7 @@ def each_alone(net, tokens, order):
     lengths = tokens if isinstance(tokens, list) else [tokens] * len(order)
 
     async def run():
-        return [await drain(ThreadJob(ps[k], params(i, lengths[i]), model=net).start()) for i, k in enumerate(order)]
+        return [await job_text(ThreadJob(ps[k], params(i, lengths[i]), model=net).start()) for i, k in enumerate(order)]
 
     return asyncio.run(run())
 
