@@ -74,6 +74,10 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	$(BIN)/mypy  # the whole package and lm.py: the wire layer strictly, every function elsewhere annotated (pyproject.toml)
+	# Every test module imports (mypy reads the package, not tests/): a helper one test module took
+	# from another, moved away, once failed CI at collection after only the changed modules had run
+	@$(BIN)/python -m pytest --collect-only -qq >/tmp/collect.$$$$ 2>&1 || { tail -30 /tmp/collect.$$$$; rm -f /tmp/collect.$$$$; exit 1; }; \
+		rm -f /tmp/collect.$$$$; echo "pytest: every test module imports"
 
 format: $(STAMP)
 	$(BIN)/ruff format .
