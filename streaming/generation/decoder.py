@@ -176,11 +176,10 @@ def shared_product(h: torch.Tensor, *layers: Any) -> torch.Tensor | None:
 
 def product(layer: Any, h: torch.Tensor) -> torch.Tensor:
     """`layer(h)` over the step's rows (tokens, width). A kernel-choosing layer (kernels.py) runs
-    the kernel its table names for that many rows at once: the same call its forward makes, less
-    the module call and the reshapes around it, about 20 us a product (97 products a step here);
-    a layer with hooks, or any other module, is called."""
+    `rows`, what its forward runs, less the module call and the reshapes around it: about 20 us a
+    product (97 products a step here); a layer with hooks, or any other module, is called."""
     if type(layer).forward is ChosenLinear.forward and not (layer._forward_hooks or layer._forward_pre_hooks):
-        return layer.run(layer.pick(h.shape[0]), h)  # type: ignore[no-any-return]
+        return layer.rows(h)  # type: ignore[no-any-return]
     return layer(h)  # type: ignore[no-any-return]
 
 

@@ -222,9 +222,12 @@ class ChosenLinear(torch.nn.Module):
         i = bisect.bisect_left(ROWS, rows)
         return self.table[i] if i < len(ROWS) else self.prefill
 
+    def rows(self, flat: torch.Tensor) -> torch.Tensor:
+        """The product of rows (n, in_features) by the kernel the table names for n rows."""
+        return self.run(self.pick(flat.shape[0]), flat)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, x.shape[-1])
-        y = self.run(self.pick(flat.shape[0]), flat)
+        y = self.rows(x.reshape(-1, x.shape[-1]))
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def shape(self) -> tuple[Any, ...]:
