@@ -29,7 +29,8 @@ kernels that multiply by them without widening the whole matrix first:
   depend on the other rows of the batch; so each row is first mapped onto exactly [-1, 1]
   (x' = (x - lo) / s - 1, s = (hi - lo) / 2: both ends come out exact in floating point), which
   gives every batch the same range and every row its own 8 bits, and the product is mapped back
-  (y = s W x' + (lo + s) W 1); the weights are smoothed first (smooth.py). Measured on an AVX-512
+  (y = s W x' + (lo + s) W 1); the weights are smoothed first (smooth.py), and get 8 bits with
+  VNNI, 7 without (weight_levels: fbgemm's 16-bit pair sums would saturate). Measured on an AVX-512
   VNNI EPYC, fbgemm's kernel alone, 4864 x 896: 0.26 against 0.90 ms
   (bfloat16) at one row, 0.53 against 1.53 at 16, 1.11 against 3.57 at 64; the output layer's
   quarter 1.05 against 8.8 ms at one row. The down projection keeps its rows unquantized
@@ -151,7 +152,7 @@ class QuantLinear(ChosenLinear):
         x = x / self.smooth  # a new tensor: the steps below work in place (the same bits, fewer allocations)
         lo, hi = torch.aminmax(x, dim=-1, keepdim=True)
         s = hi.sub_(lo).div_(2).clamp_(min=SPAN_MIN)
-        y = torch.ops.quantized.linear_dynamic(x.sub_(lo).div_(s).sub_(1), self.packed, not vnni())
+        y = torch.ops.quantized.linear_dynamic(x.sub_(lo).div_(s).sub_(1), self.packed, False)  # 8-bit rows
         return lo.add_(s).mul(self.ones).addcmul_(y, s)
 
     def part(self, n: int) -> ChosenLinear | None:
@@ -187,8 +188,9 @@ def pack_fp16(w: torch.Tensor) -> torch.ScriptObject:
 
 
 def pack_int8(w: torch.Tensor) -> torch.ScriptObject:
-    """fbgemm's packed int8 copy of a float32 weight, symmetric, a scale per output (no bias)."""
-    scale = (w.abs().amax(1) / 127).clamp(min=1e-8).to(torch.float64)
+    """fbgemm's packed int8 copy of a float32 weight, symmetric, a scale per output (no bias), in
+    weight_levels() steps each side of zero."""
+    scale = (w.abs().amax(1) / weight_levels()).clamp(min=1e-8).to(torch.float64)
     with warnings.catch_warnings():  # torch's deprecation of quantized tensors: fbgemm's packing still takes one
         warnings.filterwarnings("ignore", "torch.quantize_per_tensor, torch.quantize_per_channel", UserWarning)
         q = torch.quantize_per_channel(w.contiguous(), scale, torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8)
@@ -214,16 +216,29 @@ def kept_mode(weight: torch.Tensor | None = None) -> str:
     return "fp16"
 
 
+def weight_levels() -> int:
+    """w8a8's int8 weights' largest magnitude: 127 where the CPU multiplies bytes with VNNI
+    (`vpdpbusd`, 32-bit sums), else 63. Without VNNI fbgemm's `vpmaddubsw` adds each pair of
+    products of an 8-bit row value (0..255) and a weight into 16 bits with saturation: full 8-bit
+    weights could pass 32,767, weights within 63 cannot (2 x 255 x 63 = 32,130). The other way out,
+    7-bit rows (linear_dynamic's reduce_range) and 8-bit weights, lost more: the AVX2 kind's
+    perplexity (scripts/perplexity.py --dtype float32, all 20 texts; none 67.762) 68.986 (+1.8%)
+    against 68.310 (+0.8%) with 7-bit weights and 8-bit rows (smoothing's alpha 0.3: 70.074, 0.5:
+    69.769). The rows keep 8 bits on every CPU."""
+    return 127 if vnni() else 63
+
+
 @functools.cache
 def vnni() -> bool:
-    """Whether the CPU multiplies bytes with VNNI (`vpdpbusd`, 32-bit sums). Without it fbgemm's
-    `vpmaddubsw` saturates 16-bit pairs of full 8-bit products, so the rows get 7 bits
-    (linear_dynamic's reduce_range) there, and wherever the flags cannot be read."""
+    """Whether fbgemm multiplies bytes with VNNI here (`vpdpbusd`, 32-bit sums): AVX-512 VNNI,
+    whose kernels fbgemm has. A CPU with 256-bit AVX-VNNI alone is not counted (whether fbgemm's
+    kernels use it is not checked here): its weights get the levels that cannot saturate. Not
+    where the flags cannot be read."""
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
         return False
-    return "avx512_vnni" in flags or "avx_vnni" in flags
+    return "avx512_vnni" in flags
 
 
 def int4_pack(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
