@@ -168,10 +168,13 @@ def test_quantization_keeps_the_bundled_models_perplexity_within_two_percent(tmp
     dtype = str(Choice("bundled").torch_dtype()).removeprefix("torch.")
     fast = "w8a8" if quant.vnni() else "fp16"
     mode = fast if quant.fbgemm_available() else "bf16" if dtype == "float32" else "int8"
-    args = ["--model", "bundled", "--texts", "4", "--modes", "none", mode, "--results", str(tmp_path)]
+    # and w8a8 without VNNI too, whose weights take 7 bits there (quant.weight_levels: +0.8%, 20 texts)
+    more = ["w8a8"] if quant.fbgemm_available() and mode != "w8a8" else []
+    args = ["--model", "bundled", "--texts", "4", "--modes", "none", mode, *more, "--results", str(tmp_path)]
     run_script("scripts/perplexity.py", *args)
     modes = json.loads((tmp_path / "perplexity.json").read_text())["modes"]
-    assert abs(modes[mode]["perplexity"] / modes["none"]["perplexity"] - 1) < 0.02, modes
+    for m in (mode, *more):
+        assert abs(modes[m]["perplexity"] / modes["none"]["perplexity"] - 1) < 0.02, modes
 
 
 def test_a_gguf_file_gets_a_cache_folder_keyed_by_its_path_size_and_time(tmp_path):
