@@ -125,9 +125,10 @@ def extra(ours: bool, tokens: int) -> dict:
 
 
 def workload(kind: str, x: float, seconds: float, seed: int) -> list[tuple[float, int, int]]:
-    """(start offset s, prompt index, tokens) per request: Poisson at rate x, x at once, or one."""
+    """(start offset s, prompt index, tokens) per request: Poisson at rate x, x at once, or
+    SINGLE_PROMPTS lone answers (run() starts them in turn: in_turn)."""
     rnd = random.Random(seed)
-    if kind == "single":  # started in turn by run(): each answer alone
+    if kind == "single":
         return [(0.0, i, SINGLE) for i in range(SINGLE_PROMPTS)]
     if kind == "burst":
         return [(0.0, rnd.randrange(len(PROMPTS)), BURST_TOKENS) for _ in range(int(x))]
@@ -236,10 +237,12 @@ def single_rate(results) -> float | None:
 
 async def in_turn(port: int, requests, ours: bool, model: str | None, limit: float | None = None):
     """drive() for each request alone, one after the other; the requests with the offsets they
-    started at, their results and the whole wall time."""
+    started at, their results and the whole wall time. `limit` bounds them all together, as it
+    bounds any load: an answer not started by then is not sent, one running then is cut."""
     done, results, wall = [], [], 0.0
     for _, prompt, tokens in requests:
-        one, took = await drive(port, [(0.0, prompt, tokens)], ours, model, limit)
+        left = None if limit is None else max(0.0, limit - wall)
+        one, took = await drive(port, [(0.0, prompt, tokens)], ours, model, left)
         done.append((wall, prompt, tokens))
         results += one
         wall += took
