@@ -1,18 +1,22 @@
 """The field's own benchmark tool, guidellm (the vLLM project's), against this server and
 `transformers serve --continuous-batching`, both up at once, at equal work, interleaved.
 
-    python scripts/bench.py guidellm [--quick] [--rates 0.1,0.2] [--output-tokens 100]
+    python scripts/bench.py guidellm [--quick] [--rates 0.1,0.2] [--streams 4,8] [--output-tokens 100]
 
 guidellm 0.8.1 is installed into a virtual environment of its own (.venv-guidellm, about a minute
 and a half the first time: it pins packages this project's environment must not take). Each
-profile (one request at a time, then Poisson at each rate) runs on one server then the other,
-the order alternating. guidellm asks this server for exactly `output_tokens` (`ignore_eos`,
+profile (one request at a time, Poisson at each rate, then N requests always in flight for each
+--streams N) runs on one server then the other, the order alternating. The concurrent profile is
+the load guidellm's client keeps on two cores beside the servers: its Poisson profile sends in
+bursts when its workers fall behind (the `most in 1 s` column), while N streams are N streams
+whenever each starts. guidellm asks this server for exactly `output_tokens` (`ignore_eos`,
 `max_completion_tokens`); `transformers serve` refuses `ignore_eos` (422, "Unexpected fields"), so
 guidellm is given it a `max_tokens` instead, with the `generation_config` of bench_qoe.py that
-makes it generate exactly that many (checked: guidellm's report counts the output tokens). Synthetic prompts of --prompt-tokens tokens, the bundled
-tokenizer. Saves guidellm's report per server and profile under results/guidellm/ (JSON and CSV)
-and prints its console tables; the summary below them is TTFT, inter-token latency and output
-tokens a second, median and p99, side by side. Benchmarks are not tests: nothing here asserts.
+makes it generate exactly that many (checked: guidellm's report counts the output tokens).
+Synthetic prompts of --prompt-tokens tokens, the bundled tokenizer. Saves guidellm's report per
+server and profile under results/guidellm/ (JSON and CSV) and prints its console tables; the
+summary below them is TTFT, inter-token latency and output tokens a second, median and p99, side
+by side. Benchmarks are not tests: nothing here asserts.
 """
 
 from __future__ import annotations
@@ -33,9 +37,12 @@ from streaming.model.bundled import bundled_folder
 VERSION = "0.8.1"
 VENV = ROOT / ".venv-guidellm"
 RATES = [0.1, 0.2]  # requests a second (Poisson): this AVX2 machine serves about 0.1/s at reading speed in float32
-SECONDS = 120  # of each Poisson profile (answers running at its end are cut: guidellm counts them incomplete)
+SECONDS = (
+    120  # of each Poisson or concurrent profile (answers running at its end are cut: guidellm counts them incomplete)
+)
 SYNCHRONOUS = 3  # requests one at a time
-QUICK = {"rates": [0.35], "seconds": 20, "synchronous": 2}
+STREAMS = [4, 8]  # guidellm's concurrent profile: requests always in flight (a burst of 8 is what this kind serves)
+QUICK = {"rates": [0.35], "streams": [2], "seconds": 20, "synchronous": 2}
 
 
 def guidellm() -> Path:
@@ -69,6 +76,8 @@ def profile_run(exe: Path, name: str, server: dict, profile: str, args, folder: 
     kind, _, rate = profile.partition(" ")
     if kind == "synchronous":
         prof, constraint = "kind=synchronous", f"kind=max_requests,count={args.synchronous}"
+    elif kind == "concurrent":
+        prof, constraint = f"kind=concurrent,streams={rate}", f"kind=max_duration,seconds={args.seconds}"
     else:
         prof, constraint = f"kind=poisson,rate={rate}", f"kind=max_duration,seconds={args.seconds}"
     stem = out / f"{name.replace(', ', '-').replace(' ', '_')}-{profile.replace(' ', '-')}"
@@ -109,6 +118,8 @@ def summary(report: dict) -> dict:
         return [float(r[key]) for r in ok if isinstance(r.get(key), int | float)]
 
     ttft, itl, tokens = values("time_to_first_token_ms"), values("inter_token_latency_ms"), values("output_tokens")
+    began, ended = values("request_start_time"), values("request_end_time")
+    span = max(ended) - min(began) if began and ended else 0.0  # the finished requests' tokens over their span
     return {
         "ttft_ms_p50": pct(ttft, 50),
         "ttft_ms_p99": pct(ttft, 99),
@@ -118,6 +129,7 @@ def summary(report: dict) -> dict:
         "incomplete": cut,
         "errored": errored,
         "output_tokens_mean": sum(tokens) / len(tokens) if tokens else None,
+        "tokens_per_s": sum(tokens) / span if span > 0 else None,
         "sent": len(starts),
         "most_in_1s": most_within(sorted(starts), 1.0),
     }
@@ -146,7 +158,8 @@ def main(argv=None):
     p.add_argument("--server-args", default="", help="more options for this server, as one string")
     p.add_argument("--quick", action="store_true", help=f"fewer profiles: {QUICK}")
     p.add_argument("--rates", default=",".join(map(str, RATES)), help="Poisson arrival rates, requests a second")
-    p.add_argument("--seconds", type=int, default=SECONDS, help="seconds of each Poisson profile")
+    p.add_argument("--streams", default=",".join(map(str, STREAMS)), help="concurrent profiles: requests in flight")
+    p.add_argument("--seconds", type=int, default=SECONDS, help="seconds of each Poisson or concurrent profile")
     p.add_argument("--synchronous", type=int, default=SYNCHRONOUS, help="requests of the one-at-a-time profile")
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--output-tokens", type=int, default=100)
@@ -155,6 +168,7 @@ def main(argv=None):
     p.add_argument("--results", default="results")
     args = p.parse_args(argv)
     rates = QUICK["rates"] if args.quick else [float(x) for x in args.rates.split(",") if x]
+    streams = QUICK["streams"] if args.quick else [int(x) for x in args.streams.split(",") if x]
     if args.quick:
         args.seconds, args.synchronous = QUICK["seconds"], QUICK["synchronous"]
     lm.configure(model=args.model, device=args.device)
@@ -169,7 +183,7 @@ def main(argv=None):
     servers = bench_qoe.start(args)
     table: dict = {name: {} for name in servers}
     try:
-        profiles = ["synchronous"] + [f"poisson {r:g}" for r in rates]
+        profiles = ["synchronous"] + [f"poisson {r:g}" for r in rates] + [f"concurrent {n}" for n in streams]
         for i, profile in enumerate(profiles):
             names = list(servers) if i % 2 == 0 else list(servers)[::-1]
             for name in names:
@@ -179,7 +193,7 @@ def main(argv=None):
     print("\nguidellm, side by side (ms; output tokens per request, asked:", args.output_tokens, ")", flush=True)
     print(
         "  profile         server                           TTFT p50    p99   ITL p50    p99  requests  tokens  cut"
-        "  sent  most in 1 s"
+        "  sent  most in 1 s  tokens/s"
     )
     for profile in profiles:
         for name in servers:
@@ -188,7 +202,7 @@ def main(argv=None):
                 f"  {profile:14s}  {name:32s} {s.get('ttft_ms_p50') or 0:8.0f} {s.get('ttft_ms_p99') or 0:6.0f}"
                 f"  {s.get('itl_ms_p50') or 0:8.1f} {s.get('itl_ms_p99') or 0:6.1f}  {s.get('requests', 0):8d}"
                 f"  {s.get('output_tokens_mean') or 0:6.1f}  {s.get('incomplete', 0):3d}"
-                f"  {s.get('sent', 0):4d}  {s.get('most_in_1s', 0):11d}",
+                f"  {s.get('sent', 0):4d}  {s.get('most_in_1s', 0):11d}  {s.get('tokens_per_s') or 0:8.1f}",
                 flush=True,
             )
     saved = out_dir / "summary.json"
