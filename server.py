@@ -25,6 +25,7 @@ from streaming.generation.backend import ENGINES
 from streaming.generation.batched import GPU_MAX_BATCH, MAX_BATCH, MAX_WAITING, PREFILL_CHUNK, default_max_batch
 from streaming.generation.kv import GPU_KV_SHARE, KV_MEMORY
 from streaming.generation.policy import PREFILL_BUDGET, SCHEDULES
+from streaming.generation.prefixes import RETAIN_MEMORY
 from streaming.generation.speculation import MAX_SPECULATE, SPECULATE
 from streaming.generation.upstream.pool import FIRST_TEXT, SILENCE, Upstream
 from streaming.lossy import outlive_readers
@@ -75,6 +76,8 @@ def parse_args(argv=None):
         p.error("--max-waiting must be 0 (refuse whenever the batch is full) or more")
     if args.kv_memory is not None and not args.kv_memory > 0:
         p.error("--kv-memory must be more than 0 GiB")
+    if not args.retain_memory >= 0:
+        p.error("--retain-memory must be 0 GiB or more")
     if (args.engine == "upstream") != bool(args.upstream):
         p.error("--engine upstream and --upstream URL go together")
     for url in args.upstream:
@@ -234,6 +237,14 @@ def batch_sizing_options(g):
         help="batched: KV cache the batch may come to hold, in GiB; a request that would pass it waits its turn "
         f"(default {KV_MEMORY / 2**30:g}, on CUDA {GPU_KV_SHARE:g} of the device's memory)",
     )
+    g.add_argument(
+        "--retain-memory",
+        type=float,
+        default=RETAIN_MEMORY / 2**30,
+        metavar="GIB",
+        help="batched: ended answers' keys and values kept, in GiB, so that a conversation's next turn copies "
+        f"the beginning it shares with them instead of computing it; 0 keeps none (default {RETAIN_MEMORY / 2**30:g})",
+    )
 
 
 def store_url(value):
@@ -262,7 +273,8 @@ def config_of(args, device=None):
     # give the server process a CUDA context of its own, with --engine process too)
     kv = int(args.kv_memory * 2**30) if args.kv_memory is not None else None
     batch = args.max_batch if args.max_batch is not None else default_max_batch(device)
-    return Config(**dict(values, body_memory=args.max_body_memory, kv_memory=kv, max_batch=batch))
+    retain = int(args.retain_memory * 2**30)
+    return Config(**dict(values, body_memory=args.max_body_memory, kv_memory=kv, max_batch=batch, retain_memory=retain))
 
 
 def load():

@@ -5,6 +5,7 @@
     python scripts/bench.py qoe [--quick]     # QoE at equal work, interleaved with the peer (scripts/bench_qoe.py)
     python scripts/bench.py guidellm [--quick]   # guidellm against both servers (scripts/bench_guidellm.py)
     python scripts/bench.py merging [--rounds 3]   # tokens per event, fast and slow readers (scripts/bench_merging.py)
+    python scripts/bench.py turns      # a conversation's next turns, ended answers' keys kept or not (bench_turns.py)
 
 For each server (this one with --engine batched, this one with --engine thread, and the peer
 `transformers serve --continuous-batching`), one after the other on the same model, dtype and
@@ -32,6 +33,7 @@ from pathlib import Path
 import bench_guidellm
 import bench_merging
 import bench_qoe
+import bench_turns
 from benchkit import PROMPTS, cpu_seconds, pct, pyplot, start_peer
 
 import client
@@ -576,11 +578,13 @@ def main(argv=None):
         return bench_guidellm.main(argv[1:])
     if argv[:1] == ["merging"]:  # pieces per event: --stream-interval and adaptive merging
         return bench_merging.main(argv[1:])
+    if argv[:1] == ["turns"]:  # a conversation's next turns: --retain-memory
+        return bench_turns.main(argv[1:])
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
         "what",
-        choices=["load", "profile", "qoe", "guidellm", "merging"],
-        help="qoe, guidellm, merging: see scripts/bench_qoe.py, bench_guidellm.py, bench_merging.py",
+        choices=["load", "profile", "qoe", "guidellm", "merging", "turns"],
+        help="qoe, guidellm, merging, turns: see scripts/bench_qoe.py, bench_guidellm.py, bench_merging.py, bench_turns.py",
     )
     p.add_argument("--model", default=os.environ.get("LM_MODEL", "bundled"))
     p.add_argument("--device", default=None, help="profile: cuda, mps or cpu (default: the best found)")

@@ -79,6 +79,10 @@ QUICK = {"rates": [0.35], "bursts": [16], "seconds": 20.0}
 IDLE_SECONDS = 3.0  # how long each server's idle CPU is measured before the loads
 TICK = os.sysconf("SC_CLK_TCK")  # /proc's CPU ticks a second
 SETTLE_WINDOW, SETTLE_MAX = 0.5, 30.0  # before each run: every server quiet for a window (waited for at most)
+# this server keeps no ended answer's keys (--retain-memory 0): the loads draw from prompts.json's 20
+# prompts again and again, and a prompt it had seen would skip its prefill, work the peer does
+# (what retaining is worth to a conversation's next turn is measured apart: README, "Scheduling")
+NO_RETAIN = ["--retain-memory", "0"]
 PEER_EOS = 151900  # a padding row of the Qwen2.5 vocabulary: never sampled, so the peer runs to max_new_tokens
 CONFIGS = {  # this server's settings to compare: name -> options
     "fifo": ["--schedule", "fifo"],
@@ -317,7 +321,16 @@ def start(args) -> dict:
         dtype = ["--dtype", args.dtype] if args.dtype_asked else []
         device = ["--device", args.device] if args.device else []
         p = Server(
-            name, "--model", args.model, *dtype, *device, "--port", "0", *CONFIGS[config], *args.server_args.split()
+            name,
+            "--model",
+            args.model,
+            *dtype,
+            *device,
+            "--port",
+            "0",
+            *NO_RETAIN,
+            *CONFIGS[config],
+            *args.server_args.split(),
         )
         servers[name] = {"process": p, "ours": True, "model": None}
     if args.peer:

@@ -26,6 +26,7 @@ from streaming.generation.batched import PREFILL_CHUNK
 from streaming.generation.job import JobOptions
 from streaming.generation.kv import KV_MEMORY
 from streaming.generation.policy import Fifo
+from streaming.generation.prefixes import RETAIN_MEMORY
 from streaming.generation.process import EngineProcess, ProcessJob
 from streaming.generation.process_child import EngineSettings
 from streaming.generation.waiting import MAX_WAITING
@@ -111,7 +112,9 @@ def test_an_id_past_the_vocabulary_is_the_engine_processs_invalid_request_not_a_
     store (`prior`) can hold such an id; the tokenizer makes none."""
     size = lm.handle().vocabulary()
     model = Model(dataclasses.replace(lm.handle().choice))  # its own: the engine process tells it its context
-    settings = EngineSettings(model.choice, JobOptions(), Fifo(), 2, PREFILL_CHUNK, MAX_WAITING, KV_MEMORY)
+    settings = EngineSettings(
+        model.choice, JobOptions(), Fifo(), 2, PREFILL_CHUNK, MAX_WAITING, KV_MEMORY, RETAIN_MEMORY
+    )
     body = {"prompt": "Hello", "max_tokens": 5, "ignore_eos": True}
     ids = lm.tok("Hello").input_ids
     prompt, prior, bad = (ids + [size], [], size) if where == "prompt" else (ids, [5, size + 7], size + 7)

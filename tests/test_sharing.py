@@ -1,7 +1,8 @@
-"""Prompt beginnings shared with a row in the batch (sharing.py): found
-exactly (fuzzed against the plain definition), copied from the donor's slot instead of computed,
-a duplicate in the same step waiting one step for its donor's keys, and every text still that of
-the request alone: with the `exact` model in both dtypes, and the tiny real model in float32.
+"""Prompt beginnings shared with a row in the batch (sharing.py) or with a row that has ended
+(prefixes.py's retained texts): found exactly (fuzzed against the plain definition), copied from
+the donor's slot or the retained keys instead of computed, a duplicate in the same step waiting
+one step for its donor's keys, the retained bytes bounded, and every text still that of the
+request alone: with the `exact` model in both dtypes, and the tiny real model in float32.
 
 Leaves out: speed (scripts/bench.py qoe: the burst of 48's first text)."""
 
@@ -200,3 +201,81 @@ def test_a_copied_beginning_in_the_tiny_real_model_gives_the_text_alone_in_float
     e, texts, _ = engine(net, 12, order)
     assert e.batch.shared >= 2 * PREFIX_MIN
     assert texts == each_alone(net, 12, order)
+
+
+def turns(net, retain_memory, first, follow):
+    """A request for `first`, run to its end, then one for `follow` (or `follow(the text its slot
+    held)`), in one engine that retains `retain_memory` bytes of ended rows; (engine, texts, the
+    retained text)."""
+    clock = Clock()
+    e = BatchEngine(max_batch=16, model=net, policy=Fifo(10_000), clock=clock, retain_memory=retain_memory)
+
+    async def one(ids, i):
+        job = BatchedJob(e, ids, params(i, 10))
+        job.stats.active.add(job)
+        e.waiting.append(Row(job, clock()))
+        e.batch.admit(e.max_batch)
+        with torch.inference_mode():
+            while e.batch.rows or e.batch.joining:
+                e.batch.step()
+                clock.now += 0.2
+        return job, await job_text(job)
+
+    async def run():
+        _, a = await one(first, 0)
+        held = list(next(iter(e.batch.prefixes.retained), ()))
+        _, b = await one(follow(held) if callable(follow) else follow, 1)
+        return [a, b], held
+
+    texts, held = asyncio.run(run())
+    return e, texts, held
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_a_next_turn_copies_the_ended_turns_keys_and_keeps_its_own_text(dtype):
+    """A conversation's next turn resends the last one's prompt and answer: it copies their keys
+    and values from what the ended row left (prefixes.Prefixes.retain) and computes only the rest,
+    and its text is the one it gets alone."""
+    net = model_of(ExactModel(lm.load_tokenizer()).to(dtype))
+    ps = prompts()
+    follow = lambda held: held + ps[1][-12:]  # noqa: E731 - the last turn, then a new question
+    e, texts, held = turns(net, 1 << 30, ps[0], follow)
+    # the slot held the prompt and every answer token but the last (sampled, never fed)
+    assert held[: len(ps[0])] == ps[0] and len(held) == len(ps[0]) + 10 - 1
+    assert e.batch.prefixes.retained_hits == 1 and e.batch.prefixes.retained_tokens == len(held)
+    assert texts == [each_alone(net, 10, [0])[0], alone_text(net, follow(held), 1)]
+    # the next turn's own text begins with the last one's: it replaced it
+    (kept,) = e.batch.prefixes.retained
+    assert kept[: len(held)] == tuple(held) and len(kept) == len(follow(held)) + 10 - 1
+    assert e.batch.prefixes.retained_bytes == sum(k.nbytes + v.nbytes for k, v in e.batch.prefixes.retained[kept])
+    # a beginning shared only in part is copied as far as it goes
+    part = lambda held: held[:-3] + ps[2][-12:]  # noqa: E731
+    e, texts, held = turns(net, 1 << 30, ps[0], part)
+    assert e.batch.prefixes.retained_tokens == len(held) - 3
+    assert texts[1] == alone_text(net, part(held), 1)
+
+
+def test_none_is_retained_at_0_bytes_and_the_least_recently_used_goes_first():
+    net = model_of(ExactModel(lm.load_tokenizer()).to(torch.float32))
+    ps = prompts()
+    follow = ps[0] + ps[1][-12:]
+    e, texts, held = turns(net, 0, ps[0], follow)
+    assert held == [] and e.batch.prefixes.retained_hits == 0 and e.batch.prefixes.retained_bytes == 0
+    assert texts[1] == alone_text(net, follow, 1)
+    # two unrelated answers are both kept where there is room; with a byte less than both take,
+    # the second ended row's text pushes the first out
+    e, _, held = turns(net, 1 << 30, ps[0], ps[2])
+    size = e.batch.prefixes.retained_bytes
+    assert len(e.batch.prefixes.retained) == 2
+    assert e.batch.prefixes.retained_tokens == len(common_prefix([ps[0], ps[2]]))  # the system prompt, copied
+    e, _, held = turns(net, size - 1, ps[0], ps[2])
+    kept = list(e.batch.prefixes.retained)
+    assert len(kept) == 1 and list(kept[0][: len(ps[2])]) == ps[2]  # the latest only
+    assert e.batch.prefixes.retained_bytes <= size - 1
+
+
+def alone_text(net, ids, i):
+    async def run():
+        return await job_text(ThreadJob(ids, params(i, 10), model=net).start())
+
+    return asyncio.run(run())

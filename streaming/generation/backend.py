@@ -30,6 +30,7 @@ from streaming.generation.free import FreeJob
 from streaming.generation.job import Job, JobOptions, Stats
 from streaming.generation.kv import KV_MEMORY
 from streaming.generation.policy import Fifo, Qoe
+from streaming.generation.prefixes import RETAIN_MEMORY
 from streaming.generation.process import EngineProcess, ProcessJob
 from streaming.generation.process_child import EngineSettings
 from streaming.generation.prompts import Prompt
@@ -86,6 +87,7 @@ class Backend:
         pool: Pool | None = None,
         max_waiting: int = MAX_WAITING,
         kv_memory: int | None = KV_MEMORY,
+        retain_memory: int = RETAIN_MEMORY,
     ) -> None:
         if engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}: choose one of {', '.join(ENGINES)}")
@@ -104,6 +106,7 @@ class Backend:
                 policy=policy,
                 max_waiting=max_waiting,
                 kv_memory=kv_memory,
+                retain_memory=retain_memory,
             )
             if engine == "batched" and model is not None
             else None
@@ -119,6 +122,7 @@ class Backend:
                     prefill_chunk,
                     max_waiting,
                     kv_memory,
+                    retain_memory,
                 ),
             )
             if engine == "process" and model is not None

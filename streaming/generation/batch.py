@@ -39,7 +39,7 @@ from streaming.generation.job import Job
 from streaming.generation.kv import KV_MEMORY, Layout, SlotKV, default_kv_memory, fits
 from streaming.generation.parts import StepParts
 from streaming.generation.policy import Fifo, Qoe, StepCosts, prefill_group, stretch
-from streaming.generation.prefixes import Prefixes
+from streaming.generation.prefixes import RETAIN_MEMORY, Prefixes
 from streaming.generation.sampling import Draws, choose_batch
 from streaming.generation.speculation import Lookup, Odds, kept
 from streaming.generation.waiting import WaitingRoom
@@ -114,6 +114,7 @@ class Batch:
         waiting: WaitingRoom,
         lock: threading.Condition,
         kv_memory: int | None = KV_MEMORY,
+        retain_memory: int = RETAIN_MEMORY,
     ) -> None:
         self.model, self.device, self.chunk, self.policy, self.clock = model, model.device, chunk, policy, clock
         self.kv_memory = default_kv_memory(str(self.device)) if kv_memory is None else kv_memory  # kv.py
@@ -121,7 +122,7 @@ class Batch:
         self.joining: collections.deque[Row] = collections.deque()  # admitted, prompt being prefilled
         self.rows: list[Row] = []  # decoding
         self.kv = SlotKV(self.device)
-        self.prefixes = Prefixes(self.device)
+        self.prefixes = Prefixes(self.device, retain_memory=retain_memory)
         self.parts = StepParts(str(self.device))  # on a GPU each part waits for its kernels (parts.py)
         self.costs = StepCosts()  # decode steps' seconds by rows run: the policy lets rows ride where free
         self.odds = Odds()  # what guesses are worth here: kept how often, passes cost how much
@@ -293,6 +294,8 @@ class Batch:
                 for row, donor, share in sharing.inherit(gone, self.joining, self.holders(), self.prefixes):
                     self.start(row, donor, share)
             for r in gone:
+                assert r.slot is not None
+                self.prefixes.retain(r.lookup.ids[: r.length], self.kv, r.slot)  # a next turn's beginning
                 self.kv.release(r)
         self.rows = [r for r in self.rows if not r.done]
 

@@ -42,6 +42,7 @@ from streaming.generation.batch import Batch, Row
 from streaming.generation.job import Job
 from streaming.generation.kv import KV_MEMORY
 from streaming.generation.policy import Fifo, Qoe
+from streaming.generation.prefixes import RETAIN_MEMORY
 from streaming.generation.waiting import MAX_WAITING, WaitingRoom
 from streaming.model.loading import Model
 
@@ -72,13 +73,16 @@ class BatchEngine:
         max_waiting: int = MAX_WAITING,
         kv_memory: int | None = KV_MEMORY,
         after_step: Callable[[], None] | None = None,
+        retain_memory: int = RETAIN_MEMORY,
     ) -> None:
         self.max_batch, self.token_delay = max_batch, token_delay
         self.after_step = after_step  # on this thread after each step (the engine process sends its pieces)
         self.clock = clock
         self.lock = threading.Condition()
         self.waiting = WaitingRoom(max_waiting)  # not yet admitted (from the event loop)
-        self.batch = Batch(model, prefill_chunk, policy or Fifo(), clock, self.waiting, self.lock, kv_memory)
+        self.batch = Batch(
+            model, prefill_chunk, policy or Fifo(), clock, self.waiting, self.lock, kv_memory, retain_memory
+        )
         self.steps = 0
         self.step_seconds = 0.0
         self.thread: threading.Thread | None = None
@@ -134,6 +138,9 @@ class BatchEngine:
                 "rows_skipped": b.skipped,  # row-steps the qoe policy sat out
                 "prefix_hits": b.prefixes.hits,  # prompts prefilled after a kept shared beginning
                 "prompt_tokens_shared": b.shared,  # copied from a row in the batch with the same beginning
+                "retained_hits": b.prefixes.retained_hits,  # prompts begun from an ended row's keys (prefixes.py)
+                "prompt_tokens_retained": b.prefixes.retained_tokens,  # the prompt tokens copied from them
+                "retained_bytes": b.prefixes.retained_bytes,  # what the ended rows' keys hold now (--retain-memory)
                 "speculate": b.policy.speculate,  # --speculate
                 "forward": b.forward_by,  # the pass the last step took: own (decoder.py) or transformers; None before any
                 "tokens_guessed": b.guessed,  # guessed tokens fed to the model (speculation.py)

@@ -120,6 +120,18 @@ class SlotKV:
         for store in (*self.keys.values(), *self.values.values()):
             store[slot, :, :n] = store[source, :, :n]
 
+    def taken(self, slot: int, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """A copy of the first n keys and values of a slot, each layer's (1, heads, n, dim): what
+        `put` copies back (prefixes.Prefixes.retain)."""
+        return [
+            (self.keys[i][slot : slot + 1, :, :n].clone(), self.values[i][slot : slot + 1, :, :n].clone())
+            for i in sorted(self.keys)
+        ]
+
+    def token_bytes(self) -> int:
+        """Bytes one token's keys and values take in every layer (0 before the first is stored)."""
+        return sum(2 * k.shape[1] * k.shape[3] * k.element_size() for k in self.keys.values())
+
     # --- memory --------------------------------------------------------------------------------
 
     def fit(self, slots: int, room: int) -> None:

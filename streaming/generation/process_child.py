@@ -62,6 +62,7 @@ class EngineSettings:
     prefill_chunk: int
     max_waiting: int
     kv_memory: int | None  # None: sized for the device (kv.default_kv_memory), there
+    retain_memory: int  # bytes of ended rows' keys and values kept (prefixes.py)
 
 
 def relay(conn: Connection, loop: asyncio.AbstractEventLoop, handle: Callable[[Any], None]) -> None:
@@ -108,6 +109,7 @@ class Child:
             max_waiting=settings.max_waiting,
             kv_memory=settings.kv_memory,
             after_step=self.flush,
+            retain_memory=settings.retain_memory,
         )
         self.stats = Stats()
         self.jobs: dict[int, ChildJob] = {}

@@ -13,8 +13,8 @@ of them distinct.
 
 Plain functions over token ids, rows (anything with ids, a slot and its fill), the slots and the
 kept prefixes: no threads, no model (batch.py calls them; the tests drive them directly).
-Leaves out: a row that has left takes its keys with it (no cache of finished prompts' blocks);
-and isolation between tenants (vLLM's `cache_salt`): a client can tell from a sooner first text
+A row that has left leaves its keys to prefixes.py (`retain`), where a prompt not started finds
+them as it finds a kept shared beginning. Leaves out: isolation between tenants (vLLM's `cache_salt`): a client can tell from a sooner first text
 that someone asked the same beginning at the same time, as with any shared prefix cache.
 """
 
@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Protocol, TypeVar
 
 from streaming.generation.kv import SlotKV
-from streaming.generation.prefixes import PREFIX_MIN, Prefixes
+from streaming.generation.prefixes import PREFIX_MIN, Prefixes, shared_beginning
 
 
 class Joiner(Protocol):
@@ -36,38 +36,14 @@ class Joiner(Protocol):
     length: int  # tokens in its slot
 
 
-T = TypeVar("T")
 R = TypeVar("R", bound=Joiner)
-
-
-def shared_beginning(ids: list[int], others: Iterable[tuple[T, list[int]]], at_least: int) -> tuple[T | None, int]:
-    """The other prompt that shares the longest beginning with `ids`, and how long it is: at most
-    all of `ids` but its last token (which the prompt computes for its own logits), and at least
-    `at_least` tokens, else (None, 0). Slices compared in C, the length found by halving: a burst
-    of 48 prompts against 48 others costs about a millisecond."""
-    best, most = None, max(1, at_least) - 1
-    limit = len(ids) - 1
-    for key, other in others:
-        hi = min(limit, len(other))
-        if hi <= most or other[: most + 1] != ids[: most + 1]:
-            continue
-        lo = most + 1  # shared so far; the longest shared is in lo..hi
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if other[:mid] == ids[:mid]:
-                lo = mid
-            else:
-                hi = mid - 1
-        best, most = key, lo
-    return best, (most if best is not None else 0)
 
 
 def beginning(row: Joiner, ahead: Iterable[R], prefixes: Prefixes) -> tuple[R | None, int, int]:
     """What a prompt not started can copy: the row of `ahead` whose prompt shares the longest
     beginning with it, at least PREFIX_MIN tokens past a kept prefix; how long; and the kept
     prefix's length. (None, 0, kept) where no row does."""
-    kept = prefixes.best(row.ids, len(row.ids) - 1)
-    n = len(kept) if kept is not None else 0
+    n = prefixes.length(row.ids)
     donor, share = shared_beginning(row.ids, ((r, r.ids) for r in ahead if r is not row), PREFIX_MIN + n)
     return donor, share, n
 

@@ -13,6 +13,7 @@ from streaming.generation.batched import MAX_BATCH, MAX_WAITING, PREFILL_CHUNK
 from streaming.generation.job import JobOptions
 from streaming.generation.kv import KV_MEMORY
 from streaming.generation.policy import PREFILL_BUDGET
+from streaming.generation.prefixes import RETAIN_MEMORY
 from streaming.generation.speculation import SPECULATE
 from streaming.generation.upstream.pool import FIRST_TEXT, SILENCE
 from streaming.server.answer import LOG_KEEP
@@ -43,6 +44,7 @@ class Config:
     # bytes of KV cache the batch may come to hold: past it a request waits (None: sized for the
     # model's device by the engine, kv.default_kv_memory)
     kv_memory: int | None = KV_MEMORY
+    retain_memory: int = RETAIN_MEMORY  # bytes of ended answers' keys and values kept for a next turn
     prefill_chunk: int = PREFILL_CHUNK
     prefill_budget: int = PREFILL_BUDGET
     speculate: int = SPECULATE  # guessed tokens a small decode step may carry (speculation.py)

@@ -47,6 +47,7 @@ def build(config: Config, model: Model | None = None, backend: Backend | None = 
         max_batch=config.max_batch,
         max_waiting=config.max_waiting,
         kv_memory=config.kv_memory,
+        retain_memory=config.retain_memory,
         prefill_chunk=config.prefill_chunk,
         policy=schedule(config.schedule, config.prefill_budget, config.speculate),
         pool=pool,
