@@ -51,6 +51,28 @@ def test_openai_whole_and_streamed_give_the_same_text_and_usage(servers):
     assert all(c.usage is None for c in chunks[:-1])
 
 
+def test_a_conversations_next_turn_copies_the_last_turns_keys_over_the_wire(servers):
+    """The OpenAI SDK sends a conversation's second turn (the first turn's question and answer, then
+    a new question) to the `exact` server: the server copies the beginning the ended first answer
+    left (prompt_tokens_retained in /metrics.json: more than the first prompt, less than the whole)
+    and computes the rest, and the same turn sent again, which copies its own ended text, gets the
+    same text (the `exact` model: what a request computes alone, tests/test_sharing.py)."""
+    port = servers["exact"].port
+    metrics = lambda: httpx.get(f"http://127.0.0.1:{port}/metrics.json").json()  # noqa: E731
+    client = oa(port)
+    ask = lambda messages: client.chat.completions.create(  # noqa: E731
+        model="any", messages=messages, max_tokens=12, seed=5, extra_body={"ignore_eos": True}
+    )
+    first = ask(MESSAGES)
+    before = metrics()["prompt_tokens_retained"]
+    turn = [*MESSAGES, {"role": "assistant", "content": first.choices[0].message.content}]
+    turn.append({"role": "user", "content": "And what did their keepers eat?"})
+    second = ask(turn)
+    copied = metrics()["prompt_tokens_retained"] - before
+    assert copied > first.usage.prompt_tokens and second.usage.prompt_tokens > copied
+    assert ask(turn).choices[0].message.content == second.choices[0].message.content
+
+
 def test_openai_chunks_carry_random_obfuscation_unless_turned_off(servers):
     port = servers["plain"].port
     body = {"model": "x", "messages": MESSAGES, "max_tokens": 10, "stream": True}
