@@ -19,7 +19,7 @@ import lm
 from streaming.generation.batch import Row
 from streaming.generation.batched import BatchedJob, BatchEngine
 from streaming.generation.policy import Fifo
-from streaming.generation.prefixes import PREFIX_MIN, common_prefix
+from streaming.generation.prefixes import PREFIX_MIN, RETAIN_TEXTS, common_prefix
 from streaming.generation.sharing import shared_beginning, to_prefill
 from streaming.generation.thread import ThreadJob
 from streaming.model.testing import ExactModel, tiny_model
@@ -279,3 +279,17 @@ def alone_text(net, ids, i):
         return await job_text(ThreadJob(ids, params(i, 10), model=net).start())
 
     return asyncio.run(run())
+
+
+def test_at_most_retain_texts_are_kept_however_small():
+    net = model_of(ExactModel(lm.load_tokenizer()).to(torch.float32))
+    e = BatchEngine(max_batch=4, model=net, policy=Fifo(10_000), clock=Clock())
+    kv = e.batch.kv
+    holder = type("Holder", (), {"slot": None, "length": 0})()
+    kv.take(holder)
+    kv.fit(1, 40)
+    kv.store(0, torch.zeros(1, 1, 40, 4), torch.zeros(1, 1, 40, 4))  # one layer's slots, as a step makes them
+    for i in range(RETAIN_TEXTS + 5):
+        e.batch.prefixes.retain([i, *range(1000, 1000 + PREFIX_MIN)], kv, 0)
+    kept = list(e.batch.prefixes.retained)
+    assert len(kept) == RETAIN_TEXTS and kept[0][0] == 5  # the first five, least recently used, went

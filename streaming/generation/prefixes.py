@@ -32,6 +32,7 @@ from streaming.generation.kv import SlotKV
 PREFIX_MIN = 16  # shared prompt tokens worth keeping a KV copy of (the bundled chat template's share 24)
 PREFIXES = 8  # shared prefixes kept: a server sees few system prompts
 RETAIN_MEMORY = 256 * 2**20  # bytes of ended rows' keys and values kept (the bundled model in float32: ~10,900 tokens)
+RETAIN_TEXTS = 64  # and texts: a joining prompt is compared with each of them at every step until it starts
 
 T = TypeVar("T")
 Layers = list[tuple[torch.Tensor, torch.Tensor]]  # each layer's (keys, values), (1, heads, n, dim)
@@ -94,9 +95,9 @@ class Prefixes:
 
     def retain(self, text: list[int], kv: SlotKV, slot: int) -> None:
         """Keep a leaving row's keys and values: the first len(text) of its slot, whose tokens
-        `text` are. Within retain_memory, the least recently used dropped first; a retained text
-        that `text` begins is only marked used, one that begins `text` is replaced; a text
-        shorter than `shortest`, or larger than the whole budget, is not kept."""
+        `text` are. Within retain_memory and RETAIN_TEXTS, the least recently used dropped first;
+        a retained text that `text` begins is only marked used, one that begins `text` is
+        replaced; a text shorter than `shortest`, or larger than the whole budget, is not kept."""
         n, key = len(text), tuple(text)
         if n < self.shortest or not kv.keys or n * kv.token_bytes() > self.retain_memory:
             return
@@ -106,7 +107,9 @@ class Prefixes:
             return
         for old in [t for t in self.retained if key[: len(t)] == t]:
             self.drop(old)
-        while self.retained and self.retained_bytes + n * kv.token_bytes() > self.retain_memory:
+        while self.retained and (
+            self.retained_bytes + n * kv.token_bytes() > self.retain_memory or len(self.retained) >= RETAIN_TEXTS
+        ):
             self.drop(next(iter(self.retained)))
         layers = kv.taken(slot, n)
         self.retained[key] = layers
