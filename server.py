@@ -18,6 +18,7 @@ formats on the wire; the README's Layout lists every module).
 
 import argparse
 import asyncio
+import math
 import sys
 
 import lm
@@ -74,10 +75,10 @@ def parse_args(argv=None):
         p.error(f"--speculate must be from 0 to {MAX_SPECULATE}")
     if args.max_waiting < 0:
         p.error("--max-waiting must be 0 (refuse whenever the batch is full) or more")
-    if args.kv_memory is not None and not args.kv_memory > 0:
-        p.error("--kv-memory must be more than 0 GiB")
-    if not args.retain_memory >= 0:
-        p.error("--retain-memory must be 0 GiB or more")
+    if args.kv_memory is not None and not 0 < args.kv_memory < math.inf:
+        p.error("--kv-memory must be more than 0 GiB (and finite)")
+    if not 0 <= args.retain_memory < math.inf:
+        p.error("--retain-memory must be 0 GiB or more (and finite)")
     if (args.engine == "upstream") != bool(args.upstream):
         p.error("--engine upstream and --upstream URL go together")
     for url in args.upstream:

@@ -309,7 +309,7 @@ def load(args):
 
 def this_server(args, engine, ns, prompt, out, saved):
     """This server with one engine: the sweep, and for the batched engine the join and leave."""
-    common = ["--model", args.model, "--dtype", args.dtype, "--port", "0"]
+    common = ["--model", args.model, "--dtype", args.dtype, "--port", "0", *bench_qoe.NO_RETAIN]  # equal work
     child = Server(f"--engine {engine}", *common, "--engine", engine)
     try:
         child.wait()

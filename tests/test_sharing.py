@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from test_schedule import DTYPES, Clock
 
 import lm
+from streaming.generation import batch
 from streaming.generation.batch import Row
 from streaming.generation.batched import BatchedJob, BatchEngine
 from streaming.generation.policy import Fifo
@@ -293,3 +294,16 @@ def test_at_most_retain_texts_are_kept_however_small():
         e.batch.prefixes.retain([i, *range(1000, 1000 + PREFIX_MIN)], kv, 0)
     kept = list(e.batch.prefixes.retained)
     assert len(kept) == RETAIN_TEXTS and kept[0][0] == 5  # the first five, least recently used, went
+
+
+def test_rows_ending_in_one_step_leave_at_most_retain_step_tokens(monkeypatch):
+    """Copying what ended rows leave happens inside the step: a step's leaving rows leave at most
+    RETAIN_STEP tokens in all (a burst ending together would stall every stream otherwise)."""
+    net = model_of(ExactModel(lm.load_tokenizer()).to(torch.float32))
+    ps = prompts()
+    monkeypatch.setattr(
+        batch, "RETAIN_STEP", len(ps[0]) + 9 + min(map(len, ps[1:3]))
+    )  # the first and less than one more
+    e, texts, _ = engine(net, 10, [0, 1, 2])  # joined together, ending together
+    assert [len(t) for t in e.batch.prefixes.retained] == [len(ps[0]) + 9]  # the prompt and 9 of its 10 tokens
+    assert texts == each_alone(net, 10, [0, 1, 2])

@@ -39,7 +39,7 @@ from streaming.generation.job import Job
 from streaming.generation.kv import KV_MEMORY, Layout, SlotKV, default_kv_memory, fits
 from streaming.generation.parts import StepParts
 from streaming.generation.policy import Fifo, Qoe, StepCosts, prefill_group, stretch
-from streaming.generation.prefixes import RETAIN_MEMORY, Prefixes
+from streaming.generation.prefixes import RETAIN_MEMORY, RETAIN_STEP, Prefixes
 from streaming.generation.sampling import Draws, choose_batch
 from streaming.generation.speculation import Lookup, Odds, kept
 from streaming.generation.waiting import WaitingRoom
@@ -293,9 +293,12 @@ class Batch:
             if gone and self.joining:  # prompts waiting on a row that leaves copy from it first
                 for row, donor, share in sharing.inherit(gone, self.joining, self.holders(), self.prefixes):
                     self.start(row, donor, share)
+            budget = RETAIN_STEP
             for r in gone:
                 assert r.slot is not None
-                self.prefixes.retain(r.lookup.ids[: r.length], self.kv, r.slot)  # a next turn's beginning
+                if r.length <= budget:  # a next turn's beginning, within a step's copying
+                    budget -= r.length
+                    self.prefixes.retain(r.lookup.ids[: r.length], self.kv, r.slot)
                 self.kv.release(r)
         self.rows = [r for r in self.rows if not r.done]
 

@@ -33,6 +33,10 @@ PREFIX_MIN = 16  # shared prompt tokens worth keeping a KV copy of (the bundled 
 PREFIXES = 8  # shared prefixes kept: a server sees few system prompts
 RETAIN_MEMORY = 256 * 2**20  # bytes of ended rows' keys and values kept (the bundled model in float32: ~10,900 tokens)
 RETAIN_TEXTS = 64  # and texts: a joining prompt is compared with each of them at every step until it starts
+# tokens a step's leaving rows may leave in all (the rest leave nothing): copying one 270-token row of the
+# bundled model in float32 took ~2.7 ms on the AVX2 kind, and a burst of 48 ending together would stall
+# every stream ~130 ms for texts most of which the budget would drop at once
+RETAIN_STEP = 1024
 
 T = TypeVar("T")
 Layers = list[tuple[torch.Tensor, torch.Tensor]]  # each layer's (keys, values), (1, heads, n, dim)
@@ -58,6 +62,8 @@ class Prefixes:
         common = common_prefix(prompts)[: min(len(p) for p in prompts) - 1]
         best = self.best(common, len(common))
         if len(common) < self.shortest or (best is not None and len(best) >= len(common)):
+            return
+        if self.retained_beginning([*common, -1])[1] >= len(common):  # a retained text holds it all
             return
         from transformers import DynamicCache
 
@@ -111,7 +117,10 @@ class Prefixes:
             self.retained_bytes + n * kv.token_bytes() > self.retain_memory or len(self.retained) >= RETAIN_TEXTS
         ):
             self.drop(next(iter(self.retained)))
-        layers = kv.taken(slot, n)
+        try:
+            layers = kv.taken(slot, n)
+        except RuntimeError:  # out of memory (torch.OutOfMemoryError is one): a cache keeps what it can
+            return
         self.retained[key] = layers
         self.retained_bytes += sum(k.nbytes + v.nbytes for k, v in layers)
 

@@ -14,8 +14,9 @@ of them distinct.
 Plain functions over token ids, rows (anything with ids, a slot and its fill), the slots and the
 kept prefixes: no threads, no model (batch.py calls them; the tests drive them directly).
 A row that has left leaves its keys to prefixes.py (`retain`), where a prompt not started finds
-them as it finds a kept shared beginning. Leaves out: isolation between tenants (vLLM's `cache_salt`): a client can tell from a sooner first text
-that someone asked the same beginning at the same time, as with any shared prefix cache.
+them as it finds a kept shared beginning. Leaves out: isolation between tenants (vLLM's
+`cache_salt`): a client can tell from a sooner first text that someone sent the same beginning,
+at the same time or (retained) earlier, as with any shared prefix cache.
 """
 
 from __future__ import annotations
