@@ -333,7 +333,13 @@ def test_the_batch_and_its_kv_budget_are_sized_for_the_device():
     assert (given.max_batch, given.kv_memory) == (3, 1 << 29)
     assert server.config_of(server.parse_args(["--retain-memory", "0.5"]), "cpu").retain_memory == 1 << 29
     assert server.config_of(server.parse_args(["--retain-memory", "0"]), "cpu").retain_memory == 0
-    for bad in (["--max-batch", "0"], ["--kv-memory", "0"], ["--retain-memory", "-1"]):
+    for bad in (
+        ["--max-batch", "0"],
+        ["--kv-memory", "0"],
+        ["--kv-memory", "inf"],
+        ["--retain-memory", "-1"],
+        ["--retain-memory", "inf"],
+    ):
         with pytest.raises(SystemExit):
             server.parse_args(bad)
 
