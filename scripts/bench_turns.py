@@ -29,7 +29,7 @@ from streaming.launch import Server
 NEXT = ["Say more about the second thing you said.", "Now sum it all up in two sentences."]  # turns 2 and 3
 CONVERSATIONS = 6
 TOKENS = 150  # each answer
-SERVERS = {"keeps ended answers": [], "keeps none": ["--retain-memory", "0"]}
+SERVERS = {"keeps ended answers": [], "keeps none": bench_qoe.NO_RETAIN}
 
 
 async def conversation(port: int, first: str, tokens: int, seed: int) -> list[dict]:

@@ -60,10 +60,7 @@ class Prefixes:
         if len(prompts) < 2:
             return
         common = common_prefix(prompts)[: min(len(p) for p in prompts) - 1]
-        best = self.best(common, len(common))
-        if len(common) < self.shortest or (best is not None and len(best) >= len(common)):
-            return
-        if self.retained_beginning([*common, -1])[1] >= len(common):  # a retained text holds it all
+        if len(common) < self.shortest or self.length([*common, -1]) >= len(common):  # kept or retained whole
             return
         from transformers import DynamicCache
 
@@ -76,23 +73,30 @@ class Prefixes:
     def lookup(self, prompt: list[int]) -> tuple[int, Layers] | None:
         """The longest kept or retained beginning of `prompt` (shorter than it): (its length, the
         layers whose first that many keys and values it is)."""
-        best = self.best(prompt, len(prompt) - 1)
-        text, shared = self.retained_beginning(prompt)
-        if text is not None and shared > (len(best) if best is not None else 0):
-            self.retained[text] = self.retained.pop(text)
-            self.retained_hits += 1
-            self.retained_tokens += shared
-            return shared, self.retained[text]
-        if best is None:
+        store, key, n = self.beginning(prompt)
+        if store is None or key is None:
             return None
-        self.known[best] = self.known.pop(best)  # the latest used goes last
-        self.hits += 1
-        return len(best), self.known[best]
+        store[key] = store.pop(key)  # the latest used goes last
+        if store is self.retained:
+            self.retained_hits += 1
+            self.retained_tokens += n
+        else:
+            self.hits += 1
+        return n, store[key]
 
     def length(self, prompt: list[int]) -> int:
         """How much of `prompt` lookup would copy (what a prompt not started need not compute)."""
+        return self.beginning(prompt)[2]
+
+    def beginning(self, prompt: list[int]) -> tuple[dict[tuple[int, ...], Layers] | None, tuple[int, ...] | None, int]:
+        """What lookup copies for `prompt`: the store (kept or retained), the key in it and how many
+        tokens; a retained text where it shares more than a kept prefix is long. (None, None, 0):
+        nothing."""
         best = self.best(prompt, len(prompt) - 1)
-        return max(len(best) if best is not None else 0, self.retained_beginning(prompt)[1])
+        text, shared = self.retained_beginning(prompt)
+        if text is not None and shared > (len(best) if best is not None else 0):
+            return self.retained, text, shared
+        return (None, None, 0) if best is None else (self.known, best, len(best))
 
     def retained_beginning(self, prompt: list[int]) -> tuple[tuple[int, ...] | None, int]:
         """The retained text sharing the longest beginning with `prompt` (at most all of it but its
@@ -105,7 +109,8 @@ class Prefixes:
         a retained text that `text` begins is only marked used, one that begins `text` is
         replaced; a text shorter than `shortest`, or larger than the whole budget, is not kept."""
         n, key = len(text), tuple(text)
-        if n < self.shortest or not kv.keys or n * kv.token_bytes() > self.retain_memory:
+        size = n * kv.token_bytes()
+        if n < self.shortest or not kv.keys or size > self.retain_memory:
             return
         longer = next((t for t in self.retained if len(t) >= n and t[:n] == key), None)
         if longer is not None:
@@ -113,9 +118,7 @@ class Prefixes:
             return
         for old in [t for t in self.retained if key[: len(t)] == t]:
             self.drop(old)
-        while self.retained and (
-            self.retained_bytes + n * kv.token_bytes() > self.retain_memory or len(self.retained) >= RETAIN_TEXTS
-        ):
+        while self.retained and (self.retained_bytes + size > self.retain_memory or len(self.retained) >= RETAIN_TEXTS):
             self.drop(next(iter(self.retained)))
         try:
             layers = kv.taken(slot, n)
