@@ -73,6 +73,35 @@ def test_a_conversations_next_turn_copies_the_last_turns_keys_over_the_wire(serv
     assert ask(turn).choices[0].message.content == second.choices[0].message.content
 
 
+def test_a_next_turn_copies_keys_only_from_its_own_cache_salt_over_the_wire(servers):
+    """vLLM's `cache_salt`, sent through the OpenAI SDK's extra_body: a conversation's next turn
+    under another salt (or none) copies nothing of the first turn's (prompt_tokens_retained in
+    /metrics.json), the same salt copies it, and the text is the same either way (tenants apart:
+    prefixes.py)."""
+    port = servers["exact"].port
+    metrics = lambda: httpx.get(f"http://127.0.0.1:{port}/metrics.json").json()["prompt_tokens_retained"]  # noqa: E731
+    client = oa(port)
+    question = [{"role": "user", "content": "Name three quiet harbours and what their boats carried."}]
+
+    def ask(messages, salt):
+        body = {"ignore_eos": True} if salt is None else {"ignore_eos": True, "cache_salt": salt}
+        return client.chat.completions.create(model="any", messages=messages, max_tokens=12, seed=9, extra_body=body)
+
+    first = ask(question, "tenant-a")
+    turn = [*question, {"role": "assistant", "content": first.choices[0].message.content}]
+    turn.append({"role": "user", "content": "Which of them is the oldest?"})
+    texts = []
+    copied = {}
+    for salt in ("tenant-b", None, "tenant-a"):
+        before = metrics()
+        texts.append(ask(turn, salt).choices[0].message.content)
+        copied[salt] = metrics() - before
+    assert copied["tenant-b"] == 0  # the first of its salt: nothing to copy
+    assert copied[None] < first.usage.prompt_tokens  # at most the chat template's system prompt, from other tests
+    assert copied["tenant-a"] > first.usage.prompt_tokens  # the whole first turn, question and answer
+    assert texts[0] == texts[1] == texts[2]
+
+
 def test_openai_chunks_carry_random_obfuscation_unless_turned_off(servers):
     port = servers["plain"].port
     body = {"model": "x", "messages": MESSAGES, "max_tokens": 10, "stream": True}
@@ -144,6 +173,7 @@ OPENAI_BAD = [
     ({"model": "x", "messages": MESSAGES, "max_completion_tokens": "9"}, "max_tokens"),
     ({"model": "x", "messages": MESSAGES, "temperature": 3}, "temperature"),
     ({"model": "x", "messages": MESSAGES, "stop": [""]}, "stop"),
+    ({"model": "x", "messages": MESSAGES, "cache_salt": ""}, "cache_salt"),
 ]
 
 

@@ -610,7 +610,7 @@ def test_a_shared_beginning_is_prefilled_once_and_the_texts_stay_those_of_each_a
 
     e, texts = asyncio.run(run())
     assert e.batch.prefixes.hits == len(prompts) and len(e.batch.prefixes.known) == 1
-    assert len(next(iter(e.batch.prefixes.known))) >= PREFIX_MIN
+    assert len(next(iter(e.batch.prefixes.known))[1]) >= PREFIX_MIN
     assert texts == asyncio.run(each_alone())
 
 
@@ -621,7 +621,7 @@ def test_a_prefill_after_a_kept_prefix_gives_the_logits_of_a_whole_one_within_th
     prefixes = Prefixes("cpu")
     with torch.inference_mode():
         prefixes.learn(net, prompts, forward_kwargs)
-    assert len(prefixes.known) == 1 and len(next(iter(prefixes.known))) >= PREFIX_MIN
+    assert len(prefixes.known) == 1 and len(next(iter(prefixes.known))[1]) >= PREFIX_MIN
     after = one_pass(net, prompts, prefixes)
     whole = [one_pass(net, [p])[0] for p in prompts]
     assert prefixes.hits == len(prompts)

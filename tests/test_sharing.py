@@ -1,8 +1,9 @@
 """Prompt beginnings shared with a row in the batch (sharing.py) or with a row that has ended
 (prefixes.py's retained texts): found exactly (fuzzed against the plain definition), copied from
 the donor's slot or the retained keys instead of computed, a duplicate in the same step waiting
-one step for its donor's keys, the retained bytes bounded, and every text still that of the
-request alone: with the `exact` model in both dtypes, and the tiny real model in float32.
+one step for its donor's keys, the retained bytes bounded, requests of another cache_salt kept
+apart, and every text still that of the request alone: with the `exact` model in both dtypes, and
+the tiny real model in float32.
 
 Leaves out: speed (scripts/bench.py qoe: the burst of 48's first text)."""
 
@@ -24,6 +25,7 @@ from streaming.generation.prefixes import PREFIX_MIN, RETAIN_TEXTS, common_prefi
 from streaming.generation.sharing import shared_beginning, to_prefill
 from streaming.generation.thread import ThreadJob
 from streaming.model.testing import ExactModel, tiny_model
+from streaming.wire.errors import InvalidRequest
 from streaming.wire.params import plain_request
 
 SYSTEM = "You are a careful assistant. You answer briefly and exactly, in plain words, and you never guess. "
@@ -70,8 +72,10 @@ def test_shared_beginning_fuzzed_against_the_plain_definition(ids, others, at_le
         assert want_best is None
 
 
-def params(i, n):
+def params(i, n, salt=None):
     body = {"prompt": "x", "max_tokens": n, "seed": i, "temperature": 0 if i % 2 else 1.0}
+    if salt is not None:
+        body["cache_salt"] = salt
     return plain_request(body).params
 
 
@@ -80,10 +84,10 @@ def prompts():
     return [lm.tok(SYSTEM + q).input_ids for q in [*QUESTIONS, long]]
 
 
-def engine(net, tokens, order, late=()):
+def engine(net, tokens, order, late=(), salts=None):
     """Requests for the prompts at `order` (indices of prompts()) queued at once, those at the
     indices in `late` admitted after the others have their first token; stepped by hand. `tokens`:
-    each answer's length, or one for all."""
+    each answer's length, or one for all; `salts`: each request's cache_salt."""
     clock = Clock()
     e = BatchEngine(max_batch=16, model=net, policy=Fifo(10_000), clock=clock)
     ps = prompts()
@@ -91,7 +95,8 @@ def engine(net, tokens, order, late=()):
     steps_to_first = {}
 
     async def run():
-        jobs = [BatchedJob(e, ps[k], params(i, lengths[i])) for i, k in enumerate(order)]
+        salt = salts or [None] * len(order)
+        jobs = [BatchedJob(e, ps[k], params(i, lengths[i], salt[i])) for i, k in enumerate(order)]
         for i, job in enumerate(jobs):
             job.stats.active.add(job)
             if i not in late:
@@ -204,15 +209,15 @@ def test_a_copied_beginning_in_the_tiny_real_model_gives_the_text_alone_in_float
     assert texts == each_alone(net, 12, order)
 
 
-def turns(net, retain_memory, first, follow):
+def turns(net, retain_memory, first, follow, salts=(None, None)):
     """A request for `first`, run to its end, then one for `follow` (or `follow(the text its slot
     held)`), in one engine that retains `retain_memory` bytes of ended rows; (engine, texts, the
-    retained text)."""
+    retained text). `salts`: the two requests' cache_salt."""
     clock = Clock()
     e = BatchEngine(max_batch=16, model=net, policy=Fifo(10_000), clock=clock, retain_memory=retain_memory)
 
     async def one(ids, i):
-        job = BatchedJob(e, ids, params(i, 10))
+        job = BatchedJob(e, ids, params(i, 10, salts[i]))
         job.stats.active.add(job)
         e.waiting.append(Row(job, clock()))
         e.batch.admit(e.max_batch)
@@ -224,7 +229,7 @@ def turns(net, retain_memory, first, follow):
 
     async def run():
         _, a = await one(first, 0)
-        held = list(next(iter(e.batch.prefixes.retained), ()))
+        held = list(next(iter(e.batch.prefixes.retained), (None, ()))[1])
         _, b = await one(follow(held) if callable(follow) else follow, 1)
         return [a, b], held
 
@@ -246,9 +251,9 @@ def test_a_next_turn_copies_the_ended_turns_keys_and_keeps_its_own_text(dtype):
     assert e.batch.prefixes.retained_hits == 1 and e.batch.prefixes.retained_tokens == len(held)
     assert texts == [each_alone(net, 10, [0])[0], alone_text(net, follow(held), 1)]
     # the next turn's own text begins with the last one's: it replaced it
-    (kept,) = e.batch.prefixes.retained
-    assert kept[: len(held)] == tuple(held) and len(kept) == len(follow(held)) + 10 - 1
-    assert e.batch.prefixes.retained_bytes == sum(k.nbytes + v.nbytes for k, v in e.batch.prefixes.retained[kept])
+    ((salt, kept),) = e.batch.prefixes.retained
+    assert salt is None and kept[: len(held)] == tuple(held) and len(kept) == len(follow(held)) + 10 - 1
+    assert e.batch.prefixes.retained_bytes == sum(k.nbytes + v.nbytes for k, v in e.batch.prefixes.retained[None, kept])
     # a beginning shared only in part is copied as far as it goes
     part = lambda held: held[:-3] + ps[2][-12:]  # noqa: E731
     e, texts, held = turns(net, 1 << 30, ps[0], part)
@@ -271,8 +276,39 @@ def test_none_is_retained_at_0_bytes_and_the_least_recently_used_goes_first():
     assert e.batch.prefixes.retained_tokens == len(common_prefix([ps[0], ps[2]]))  # the system prompt, copied
     e, _, held = turns(net, size - 1, ps[0], ps[2])
     kept = list(e.batch.prefixes.retained)
-    assert len(kept) == 1 and list(kept[0][: len(ps[2])]) == ps[2]  # the latest only
+    assert len(kept) == 1 and list(kept[0][1][: len(ps[2])]) == ps[2]  # the latest only
     assert e.batch.prefixes.retained_bytes <= size - 1
+
+
+def test_requests_share_keys_only_with_requests_of_the_same_cache_salt():
+    """Tenants apart (prefixes.py): a request with a cache_salt copies keys only from requests with
+    the same salt, in the batch and after they ended; one without copies only from others
+    without; a system prompt is learned per salt. Every text is the request's own alone."""
+    net = model_of(ExactModel(lm.load_tokenizer()).to(torch.float32))
+    ps = prompts()
+    order, salts = [0, 0, 0, 0, 1, 1], [None, "a", "b", "a", "b", None]
+    e, texts, first = engine(net, 10, order, salts=salts)
+    assert e.batch.shared == len(ps[0]) - 1  # only the second "a" copied (the repeat of its own salt)
+    assert [first[i] for i in range(len(order))] == [1, 1, 1, 2, 1, 1]
+    # the system prompt, learned once for the two of no salt and once for the two of "b", not for "a"
+    assert {salt for salt, _ in e.batch.prefixes.known} == {None, "b"}
+    assert len(e.batch.prefixes.known) == 2
+    assert texts == each_alone(net, 10, order)
+    # an ended conversation's keys go to the next turn of its own salt only
+    follow = lambda held: held + ps[1][-12:]  # noqa: E731
+    for salts, copied in (((None, None), True), (("a", "a"), True), (("a", "b"), False), (("a", None), False)):
+        e, texts, held = turns(net, 1 << 30, ps[0], follow, salts)
+        assert e.batch.prefixes.retained_hits == (1 if copied else 0), salts
+        assert e.batch.prefixes.retained_tokens == (len(held) if copied else 0), salts
+        assert texts[1] == alone_text(net, follow(held), 1)
+
+
+def test_a_cache_salt_is_checked():
+    assert params(0, 4).cache_salt is None and params(0, 4, "x" * 1024).cache_salt == "x" * 1024
+    for bad in ("", 7, ["a"], "x" * 1025, "\ud800"):
+        with pytest.raises(InvalidRequest) as e:
+            plain_request({"prompt": "x", "cache_salt": bad})
+        assert e.value.param == "cache_salt"
 
 
 def alone_text(net, ids, i):
@@ -293,7 +329,7 @@ def test_at_most_retain_texts_are_kept_however_small():
     for i in range(RETAIN_TEXTS + 5):
         e.batch.prefixes.retain([i, *range(1000, 1000 + PREFIX_MIN)], kv, 0)
     kept = list(e.batch.prefixes.retained)
-    assert len(kept) == RETAIN_TEXTS and kept[0][0] == 5  # the first five, least recently used, went
+    assert len(kept) == RETAIN_TEXTS and kept[0][1][0] == 5  # the first five, least recently used, went
 
 
 def test_rows_ending_in_one_step_leave_at_most_retain_step_tokens(monkeypatch):
@@ -305,5 +341,5 @@ def test_rows_ending_in_one_step_leave_at_most_retain_step_tokens(monkeypatch):
         batch, "RETAIN_STEP", len(ps[0]) + 9 + min(map(len, ps[1:3]))
     )  # the first and less than one more
     e, texts, _ = engine(net, 10, [0, 1, 2])  # joined together, ending together
-    assert [len(t) for t in e.batch.prefixes.retained] == [len(ps[0]) + 9]  # the prompt and 9 of its 10 tokens
+    assert [len(t) for _, t in e.batch.prefixes.retained] == [len(ps[0]) + 9]  # the prompt and 9 of its 10 tokens
     assert texts == each_alone(net, 10, [0, 1, 2])

@@ -250,3 +250,14 @@ def test_an_upstream_that_does_not_speak_http_is_a_502_not_a_400():
             assert status == 502 and error["type"] == "upstream_failed" and "broken answer" in error["message"]
     finally:
         listener.close()
+
+
+def test_the_upstream_is_asked_with_the_requests_cache_salt_and_ignore_eos_only_when_set():
+    """vLLM reads both: a salted request keeps its tenant apart in the upstream's prefix cache too."""
+    from streaming.generation.upstream import asking
+    from streaming.wire.params import GenerationParams
+
+    plain = json.loads(asking.body("m", GenerationParams(), None, MESSAGES))
+    assert "cache_salt" not in plain and "ignore_eos" not in plain
+    salted = json.loads(asking.body("m", GenerationParams(cache_salt="s3cret", ignore_eos=True), None, MESSAGES))
+    assert salted["cache_salt"] == "s3cret" and salted["ignore_eos"] is True

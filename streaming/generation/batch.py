@@ -55,6 +55,7 @@ class Row:
         self.job, self.ids = job, job.context
         self.draws = Draws(p.seed, len(job.prior))  # token i's draw depends on the seed and i only
         self.temperature, self.top_p = p.temperature, p.top_p
+        self.salt = p.cache_salt  # its keys are shared only with rows of the same (prefixes.py)
         self.slot: int | None = None  # its place in the KV cache, from its first prompt piece on
         self.filled = 0  # prompt tokens in its slot so far
         self.length = 0  # tokens in its slot: the position of the next input
@@ -206,10 +207,11 @@ class Batch:
         fresh = [r for r in self.joining if r.slot is None]
         if fresh:
             self.kv.fit(len(self.kv) + len(fresh), 1)  # every newcomer's slot at once: one copy, not one a step
-            distinct = list({tuple(r.ids): r for r in fresh}.values())  # repeats copy their twin instead
+            distinct = list({(r.salt, tuple(r.ids)): r for r in fresh}.values())  # repeats copy their twin instead
             group = distinct[: prefill_group([len(r.ids) for r in distinct], budget, self.chunk)]
-            with self.parts.timed("prefill"):  # rare: a new shared beginning's own pass
-                self.prefixes.learn(self.model.net, [r.ids for r in group], forward_kwargs)
+            for salt in dict.fromkeys(r.salt for r in group):  # each salt's own (prefixes.py: tenants apart)
+                with self.parts.timed("prefill"):  # rare: a new shared beginning's own pass
+                    self.prefixes.learn(self.model.net, [r.ids for r in group if r.salt == salt], forward_kwargs, salt)
         out: list[tuple[Row, int]] = []
         left = budget
         for row in self.joining:
@@ -298,7 +300,7 @@ class Batch:
                 assert r.slot is not None
                 if r.length <= budget:  # a next turn's beginning, within a step's copying
                     budget -= r.length
-                    self.prefixes.retain(r.lookup.ids[: r.length], self.kv, r.slot)
+                    self.prefixes.retain(r.lookup.ids[: r.length], self.kv, r.slot, r.salt)
                 self.kv.release(r)
         self.rows = [r for r in self.rows if not r.done]
 

@@ -15,9 +15,13 @@ with the prompt), a learned prefix only whole.
 
 A longer beginning shared with a prompt in the batch is copied from that row's slot (sharing.py).
 
+Tenants apart: a request's `cache_salt` (vLLM's extension) is part of every key here, so a
+salted prompt copies only what requests of the same salt computed, and one without a salt only
+what others without one did. Without it a sooner first text tells a client that someone sent the
+same beginning (a system prompt, or a whole earlier conversation, retained).
+
 Leaves out: a radix tree of every prompt's blocks (SGLang's RadixAttention): each retained text
-is a copy of its own, so two that share a beginning hold it twice; and isolation between tenants
-(vLLM's `cache_salt`): a sooner first text tells a client that someone sent the same beginning.
+is a copy of its own, so two that share a beginning hold it twice.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ RETAIN_STEP = 1024
 
 T = TypeVar("T")
 Layers = list[tuple[torch.Tensor, torch.Tensor]]  # each layer's (keys, values), (1, heads, n, dim)
+Key = tuple[str | None, tuple[int, ...]]  # (cache_salt, the token ids whose keys and values they are)
 
 
 class Prefixes:
@@ -47,33 +52,39 @@ class Prefixes:
         self, device: str, keep: int = PREFIXES, shortest: int = PREFIX_MIN, retain_memory: int = RETAIN_MEMORY
     ) -> None:
         self.device, self.keep, self.shortest, self.retain_memory = device, keep, shortest, retain_memory
-        self.known: dict[tuple[int, ...], Layers] = {}
-        self.retained: dict[tuple[int, ...], Layers] = {}  # ended rows' texts, the latest used last
+        self.known: dict[Key, Layers] = {}
+        self.retained: dict[Key, Layers] = {}  # ended rows' texts, the latest used last
         self.retained_bytes = 0
         self.hits = 0  # prompts started after a kept prefix (metrics, tests)
         self.retained_hits = 0  # ... after a retained text's beginning
         self.retained_tokens = 0  # prompt tokens copied from retained texts
 
-    def learn(self, m: Any, prompts: list[list[int]], forward_kwargs: Callable[[Any, Any], dict[str, Any]]) -> None:
-        """Prompts that start together: their common beginning (each keeps a token of its own,
-        for its logits), computed and kept if it is long enough and longer than a kept one."""
+    def learn(
+        self,
+        m: Any,
+        prompts: list[list[int]],
+        forward_kwargs: Callable[[Any, Any], dict[str, Any]],
+        salt: str | None = None,
+    ) -> None:
+        """Prompts of one salt that start together: their common beginning (each keeps a token of
+        its own, for its logits), computed and kept if it is long enough and longer than a kept one."""
         if len(prompts) < 2:
             return
         common = common_prefix(prompts)[: min(len(p) for p in prompts) - 1]
-        if len(common) < self.shortest or self.length([*common, -1]) >= len(common):  # kept or retained whole
+        if len(common) < self.shortest or self.length([*common, -1], salt) >= len(common):  # kept or retained whole
             return
         from transformers import DynamicCache
 
         cache = DynamicCache(config=m.config)
         m(input_ids=torch.tensor([common], device=self.device), use_cache=True, **forward_kwargs(m, cache))
-        self.known[tuple(common)] = [(layer.keys, layer.values) for layer in cache.layers]  # type: ignore[union-attr,misc]
+        self.known[salt, tuple(common)] = [(layer.keys, layer.values) for layer in cache.layers]  # type: ignore[union-attr,misc]
         while len(self.known) > self.keep:
             del self.known[next(iter(self.known))]
 
-    def lookup(self, prompt: list[int]) -> tuple[int, Layers] | None:
-        """The longest kept or retained beginning of `prompt` (shorter than it): (its length, the
-        layers whose first that many keys and values it is)."""
-        store, key, n = self.beginning(prompt)
+    def lookup(self, prompt: list[int], salt: str | None = None) -> tuple[int, Layers] | None:
+        """The longest kept or retained beginning of `prompt` (shorter than it) of its salt: (its
+        length, the layers whose first that many keys and values it is)."""
+        store, key, n = self.beginning(prompt, salt)
         if store is None or key is None:
             return None
         store[key] = store.pop(key)  # the latest used goes last
@@ -84,39 +95,41 @@ class Prefixes:
             self.hits += 1
         return n, store[key]
 
-    def length(self, prompt: list[int]) -> int:
+    def length(self, prompt: list[int], salt: str | None = None) -> int:
         """How much of `prompt` lookup would copy (what a prompt not started need not compute)."""
-        return self.beginning(prompt)[2]
+        return self.beginning(prompt, salt)[2]
 
-    def beginning(self, prompt: list[int]) -> tuple[dict[tuple[int, ...], Layers] | None, tuple[int, ...] | None, int]:
-        """What lookup copies for `prompt`: the store (kept or retained), the key in it and how many
-        tokens; a retained text where it shares more than a kept prefix is long. (None, None, 0):
-        nothing."""
-        best = self.best(prompt, len(prompt) - 1)
-        text, shared = self.retained_beginning(prompt)
-        if text is not None and shared > (len(best) if best is not None else 0):
+    def beginning(self, prompt: list[int], salt: str | None = None) -> tuple[dict[Key, Layers] | None, Key | None, int]:
+        """What lookup copies for `prompt` of this salt: the store (kept or retained), the key in
+        it and how many tokens; a retained text where it shares more than a kept prefix is long.
+        (None, None, 0): nothing."""
+        best = self.best(prompt, len(prompt) - 1, salt)
+        text, shared = self.retained_beginning(prompt, salt)
+        if text is not None and shared > (len(best[1]) if best is not None else 0):
             return self.retained, text, shared
-        return (None, None, 0) if best is None else (self.known, best, len(best))
+        return (None, None, 0) if best is None else (self.known, best, len(best[1]))
 
-    def retained_beginning(self, prompt: list[int]) -> tuple[tuple[int, ...] | None, int]:
-        """The retained text sharing the longest beginning with `prompt` (at most all of it but its
-        last token, at least `shortest` tokens), and how long that is."""
-        return shared_beginning(tuple(prompt), ((t, t) for t in self.retained), self.shortest)
+    def retained_beginning(self, prompt: list[int], salt: str | None = None) -> tuple[Key | None, int]:
+        """The retained text of this salt sharing the longest beginning with `prompt` (at most all
+        of it but its last token, at least `shortest` tokens), and how long that is."""
+        texts = ((k, k[1]) for k in self.retained if k[0] == salt)
+        return shared_beginning(tuple(prompt), texts, self.shortest)
 
-    def retain(self, text: list[int], kv: SlotKV, slot: int) -> None:
+    def retain(self, text: list[int], kv: SlotKV, slot: int, salt: str | None = None) -> None:
         """Keep a leaving row's keys and values: the first len(text) of its slot, whose tokens
         `text` are. Within retain_memory and RETAIN_TEXTS, the least recently used dropped first;
         a retained text that `text` begins is only marked used, one that begins `text` is
-        replaced; a text shorter than `shortest`, or larger than the whole budget, is not kept."""
-        n, key = len(text), tuple(text)
+        replaced (of the same salt); a text shorter than `shortest`, or larger than the whole
+        budget, is not kept."""
+        n, ids = len(text), tuple(text)
         size = n * kv.token_bytes()
         if n < self.shortest or not kv.keys or size > self.retain_memory:
             return
-        longer = next((t for t in self.retained if len(t) >= n and t[:n] == key), None)
+        longer = next((k for k in self.retained if k[0] == salt and len(k[1]) >= n and k[1][:n] == ids), None)
         if longer is not None:
             self.retained[longer] = self.retained.pop(longer)
             return
-        for old in [t for t in self.retained if key[: len(t)] == t]:
+        for old in [k for k in self.retained if k[0] == salt and ids[: len(k[1])] == k[1]]:
             self.drop(old)
         while self.retained and (self.retained_bytes + size > self.retain_memory or len(self.retained) >= RETAIN_TEXTS):
             self.drop(next(iter(self.retained)))
@@ -124,17 +137,17 @@ class Prefixes:
             layers = kv.taken(slot, n)
         except RuntimeError:  # out of memory (torch.OutOfMemoryError is one): a cache keeps what it can
             return
-        self.retained[key] = layers
+        self.retained[salt, ids] = layers
         self.retained_bytes += sum(k.nbytes + v.nbytes for k, v in layers)
 
-    def drop(self, text: tuple[int, ...]) -> None:
-        layers = self.retained.pop(text)
+    def drop(self, key: Key) -> None:
+        layers = self.retained.pop(key)
         self.retained_bytes -= sum(k.nbytes + v.nbytes for k, v in layers)
 
-    def best(self, prompt: list[int], longest: int) -> tuple[int, ...] | None:
-        """The longest kept beginning of `prompt` of at most `longest` tokens."""
-        fits = (k for k in self.known if len(k) <= longest and prompt[: len(k)] == list(k))
-        return max(fits, key=len, default=None)
+    def best(self, prompt: list[int], longest: int, salt: str | None = None) -> Key | None:
+        """The longest kept beginning of `prompt` of this salt, of at most `longest` tokens."""
+        fits = (k for k in self.known if k[0] == salt and len(k[1]) <= longest and prompt[: len(k[1])] == list(k[1]))
+        return max(fits, key=lambda k: len(k[1]), default=None)
 
 
 def shared_beginning(

@@ -14,9 +14,8 @@ of them distinct.
 Plain functions over token ids, rows (anything with ids, a slot and its fill), the slots and the
 kept prefixes: no threads, no model (batch.py calls them; the tests drive them directly).
 A row that has left leaves its keys to prefixes.py (`retain`), where a prompt not started finds
-them as it finds a kept shared beginning. Leaves out: isolation between tenants (vLLM's
-`cache_salt`): a client can tell from a sooner first text that someone sent the same beginning,
-at the same time or (retained) earlier, as with any shared prefix cache.
+them as it finds a kept shared beginning. A row copies only from rows of its own `cache_salt`
+(prefixes.py: tenants apart).
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ class Joiner(Protocol):
     """What sharing reads and sets of a row (the engine's Row)."""
 
     ids: list[int]
+    salt: str | None  # its request's cache_salt: it shares keys only with rows of the same
     slot: int | None
     filled: int  # prompt tokens in its slot
     length: int  # tokens in its slot
@@ -44,8 +44,9 @@ def beginning(row: Joiner, ahead: Iterable[R], prefixes: Prefixes) -> tuple[R | 
     """What a prompt not started can copy: the row of `ahead` whose prompt shares the longest
     beginning with it, at least PREFIX_MIN tokens past a kept prefix; how long; and the kept
     prefix's length. (None, 0, kept) where no row does."""
-    n = prefixes.length(row.ids)
-    donor, share = shared_beginning(row.ids, ((r, r.ids) for r in ahead if r is not row), PREFIX_MIN + n)
+    n = prefixes.length(row.ids, row.salt)
+    others = ((r, r.ids) for r in ahead if r is not row and r.salt == row.salt)
+    donor, share = shared_beginning(row.ids, others, PREFIX_MIN + n)
     return donor, share, n
 
 
@@ -73,7 +74,7 @@ def start(row: Joiner, donor: Joiner | None, share: int, kv: SlotKV, prefixes: P
         kv.copy(donor.slot, row.slot, share)
         row.filled = row.length = share
         return share
-    if (kept := prefixes.lookup(row.ids)) is not None:
+    if (kept := prefixes.lookup(row.ids, row.salt)) is not None:
         n, layers = kept
         kv.put(row.slot, layers, n)
         row.filled = row.length = n

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 from streaming.wire import sse
 from streaming.wire.apis import ApiRequest, Call, Finish, kind_of, stops
 from streaming.wire.errors import InvalidRequest, ProtocolError
-from streaming.wire.params import MAX_SEED, MAX_TOKENS, GenerationParams, number, stream_interval, unicode
+from streaming.wire.params import MAX_SEED, MAX_TOKENS, GenerationParams, cache_salt, number, stream_interval, unicode
 from streaming.wire.toolcalls import CALL_CLOSE, CALL_OPEN
 from streaming.wire.tools import call_arguments, call_name, openai_tools
 
@@ -110,6 +110,7 @@ class OpenAI:
             temperature=number(body, "temperature", 1.0, 0, 2, none_is_default=True),
             top_p=number(body, "top_p", 1.0, 1e-6, 1, none_is_default=True),
             ignore_eos=body.get("ignore_eos") is True,  # vLLM's extension, for measurements
+            cache_salt=cache_salt(body),  # vLLM's extension: prefixes.py
         )
         continue_final = body.get("continue_final_message") is True  # vLLM's extension
         if continue_final and chat[-1]["role"] != "assistant":

@@ -24,6 +24,9 @@ MAX_SEED = 2**63 - 1  # a 64-bit integer (decoding.uniform mixes it in 64-bit ar
 # Pieces per event a request or --stream-interval may ask for: past 64 (~250 characters) the text
 # a reader waits for is a whole sentence behind, and the per-event cost saved is already under 2%.
 MAX_STREAM_INTERVAL = 64
+# A request's cache_salt (vLLM's extension): a secret of the caller's, so at most a few hundred
+# characters (vLLM's docs suggest 43, 256 bits in base64); bounded, as every string it keeps is.
+MAX_CACHE_SALT = 1024
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,8 @@ class GenerationParams:
     temperature: float = 1.0  # 0 is greedy
     top_p: float = 0.9
     ignore_eos: bool = False  # vLLM's extension: exactly max_tokens, for measurements
+    # vLLM's extension: the prompt's keys are shared only with requests of the same salt (prefixes.py)
+    cache_salt: str | None = None
 
 
 class PlainRequest(NamedTuple):
@@ -95,8 +100,24 @@ def plain_request(body: dict[str, Any]) -> PlainRequest:
         temperature=number(body, "temperature", 1.0, 0, 100),
         top_p=number(body, "top_p", 0.9, 1e-6, 1.0),
         ignore_eos=flag(body, "ignore_eos"),
+        cache_salt=cache_salt(body),
     )
     return PlainRequest(prompt, params)
+
+
+def cache_salt(body: dict[str, Any]) -> str | None:
+    """A request's `cache_salt` (vLLM's extension to the OpenAI formats): None when absent or
+    null, else a non-empty string of at most MAX_CACHE_SALT characters. Requests with a salt share
+    computed keys (a system prompt, a conversation's earlier turns) only with requests of the
+    same salt, so a sooner first text tells a client nothing of other tenants' prompts."""
+    value = body.get("cache_salt")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or len(value) > MAX_CACHE_SALT:
+        raise InvalidRequest(
+            f"cache_salt must be a non-empty string of at most {MAX_CACHE_SALT} characters", "cache_salt"
+        )
+    return unicode(value, "cache_salt")
 
 
 def stream_interval(body: dict[str, Any], where: str = "") -> int | None:

@@ -38,6 +38,8 @@ def body(
     }
     if p.ignore_eos:
         out["ignore_eos"] = True  # vLLM's extension, and this server's
+    if p.cache_salt is not None:
+        out["cache_salt"] = p.cache_salt  # vLLM's too: the upstream's prefix cache keeps the tenants apart
     if prompt is not None and prompt.tools:
         out["tools"] = list(prompt.tools)  # (the calls come back as tool_calls deltas)
         if prompt.prefill:  # a required call: the upstream is asked for one (and which)
