@@ -74,6 +74,7 @@ def test_resume_on_the_other_replica_is_the_whole_text_once(cluster, whole):
     assert 0 < db.pttl(f"streaming:s:{r.stream}") <= KEEP * 1000  # the time to live is --resume-keep
     meta = db.hgetall(f"streaming:m:{r.stream}")
     assert json.loads(meta[b"params"])["max_tokens"] == 60 and meta[b"ids"].split()
+    assert "cache_salt" not in json.loads(meta[b"params"])  # none asked: a replica from before it reads these too
     fields = db.xrange(f"streaming:s:{r.stream}")[-1][1]
     assert fields[b"x"] == b"1" and b"[DONE]" in fields[b"e"]
 

@@ -560,7 +560,7 @@ def one_pass(net, prompts, prefixes=None, decode=None):
             h = Holder()
             b.take(h)
             start = 0
-            if prefixes is not None and (kept := prefixes.lookup(p)) is not None:
+            if prefixes is not None and (kept := prefixes.lookup(p, None)) is not None:
                 start, layers = kept
                 b.put(h.slot, layers, start)
             pieces.append((h.slot, start, len(p) - start))
@@ -620,7 +620,7 @@ def test_a_prefill_after_a_kept_prefix_gives_the_logits_of_a_whole_one_within_th
     prompts = [lm.tok(SHARED + p).input_ids for p in PROMPTS]
     prefixes = Prefixes("cpu")
     with torch.inference_mode():
-        prefixes.learn(net, prompts, forward_kwargs)
+        prefixes.learn(net, prompts, forward_kwargs, None)
     assert len(prefixes.known) == 1 and len(next(iter(prefixes.known))[1]) >= PREFIX_MIN
     after = one_pass(net, prompts, prefixes)
     whole = [one_pass(net, [p])[0] for p in prompts]

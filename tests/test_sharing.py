@@ -26,7 +26,7 @@ from streaming.generation.sharing import shared_beginning, to_prefill
 from streaming.generation.thread import ThreadJob
 from streaming.model.testing import ExactModel, tiny_model
 from streaming.wire.errors import InvalidRequest
-from streaming.wire.params import plain_request
+from streaming.wire.params import plain_request, query_body
 
 SYSTEM = "You are a careful assistant. You answer briefly and exactly, in plain words, and you never guess. "
 QUESTIONS = [
@@ -293,18 +293,22 @@ def test_requests_share_keys_only_with_requests_of_the_same_cache_salt():
     # the system prompt, learned once for the two of no salt and once for the two of "b", not for "a"
     assert {salt for salt, _ in e.batch.prefixes.known} == {None, "b"}
     assert len(e.batch.prefixes.known) == 2
+    assert e.batch.prefixes.hits == 4  # the kept prefixes copied by both of None and both of "b", none by "a"
     assert texts == each_alone(net, 10, order)
     # an ended conversation's keys go to the next turn of its own salt only
     follow = lambda held: held + ps[1][-12:]  # noqa: E731
-    for salts, copied in (((None, None), True), (("a", "a"), True), (("a", "b"), False), (("a", None), False)):
+    cases = ((None, None), True), (("a", "a"), True), (("a", "b"), False), (("a", None), False), ((None, "a"), False)
+    for salts, copied in cases:
         e, texts, held = turns(net, 1 << 30, ps[0], follow, salts)
         assert e.batch.prefixes.retained_hits == (1 if copied else 0), salts
         assert e.batch.prefixes.retained_tokens == (len(held) if copied else 0), salts
         assert texts[1] == alone_text(net, follow(held), 1)
 
 
-def test_a_cache_salt_is_checked():
+def test_a_cache_salt_is_checked_and_a_query_strings_salt_is_text():
     assert params(0, 4).cache_salt is None and params(0, 4, "x" * 1024).cache_salt == "x" * 1024
+    for salt in ("12345678", "true", "null", '"a"'):  # not read as JSON, as the query's numbers are
+        assert plain_request(query_body({"prompt": "x", "cache_salt": salt})).params.cache_salt == salt
     for bad in ("", 7, ["a"], "x" * 1025, "\ud800"):
         with pytest.raises(InvalidRequest) as e:
             plain_request({"prompt": "x", "cache_salt": bad})
@@ -327,7 +331,7 @@ def test_at_most_retain_texts_are_kept_however_small():
     kv.fit(1, 40)
     kv.store(0, torch.zeros(1, 1, 40, 4), torch.zeros(1, 1, 40, 4))  # one layer's slots, as a step makes them
     for i in range(RETAIN_TEXTS + 5):
-        e.batch.prefixes.retain([i, *range(1000, 1000 + PREFIX_MIN)], kv, 0)
+        e.batch.prefixes.retain([i, *range(1000, 1000 + PREFIX_MIN)], kv, 0, None)
     kept = list(e.batch.prefixes.retained)
     assert len(kept) == RETAIN_TEXTS and kept[0][1][0] == 5  # the first five, least recently used, went
 

@@ -64,7 +64,7 @@ class Prefixes:
         m: Any,
         prompts: list[list[int]],
         forward_kwargs: Callable[[Any, Any], dict[str, Any]],
-        salt: str | None = None,
+        salt: str | None,
     ) -> None:
         """Prompts of one salt that start together: their common beginning (each keeps a token of
         its own, for its logits), computed and kept if it is long enough and longer than a kept one."""
@@ -81,7 +81,7 @@ class Prefixes:
         while len(self.known) > self.keep:
             del self.known[next(iter(self.known))]
 
-    def lookup(self, prompt: list[int], salt: str | None = None) -> tuple[int, Layers] | None:
+    def lookup(self, prompt: list[int], salt: str | None) -> tuple[int, Layers] | None:
         """The longest kept or retained beginning of `prompt` (shorter than it) of its salt: (its
         length, the layers whose first that many keys and values it is)."""
         store, key, n = self.beginning(prompt, salt)
@@ -95,11 +95,11 @@ class Prefixes:
             self.hits += 1
         return n, store[key]
 
-    def length(self, prompt: list[int], salt: str | None = None) -> int:
+    def length(self, prompt: list[int], salt: str | None) -> int:
         """How much of `prompt` lookup would copy (what a prompt not started need not compute)."""
         return self.beginning(prompt, salt)[2]
 
-    def beginning(self, prompt: list[int], salt: str | None = None) -> tuple[dict[Key, Layers] | None, Key | None, int]:
+    def beginning(self, prompt: list[int], salt: str | None) -> tuple[dict[Key, Layers] | None, Key | None, int]:
         """What lookup copies for `prompt` of this salt: the store (kept or retained), the key in
         it and how many tokens; a retained text where it shares more than a kept prefix is long.
         (None, None, 0): nothing."""
@@ -109,13 +109,13 @@ class Prefixes:
             return self.retained, text, shared
         return (None, None, 0) if best is None else (self.known, best, len(best[1]))
 
-    def retained_beginning(self, prompt: list[int], salt: str | None = None) -> tuple[Key | None, int]:
+    def retained_beginning(self, prompt: list[int], salt: str | None) -> tuple[Key | None, int]:
         """The retained text of this salt sharing the longest beginning with `prompt` (at most all
         of it but its last token, at least `shortest` tokens), and how long that is."""
         texts = ((k, k[1]) for k in self.retained if k[0] == salt)
         return shared_beginning(tuple(prompt), texts, self.shortest)
 
-    def retain(self, text: list[int], kv: SlotKV, slot: int, salt: str | None = None) -> None:
+    def retain(self, text: list[int], kv: SlotKV, slot: int, salt: str | None) -> None:
         """Keep a leaving row's keys and values: the first len(text) of its slot, whose tokens
         `text` are. Within retain_memory and RETAIN_TEXTS, the least recently used dropped first;
         a retained text that `text` begins is only marked used, one that begins `text` is
@@ -144,7 +144,7 @@ class Prefixes:
         layers = self.retained.pop(key)
         self.retained_bytes -= sum(k.nbytes + v.nbytes for k, v in layers)
 
-    def best(self, prompt: list[int], longest: int, salt: str | None = None) -> Key | None:
+    def best(self, prompt: list[int], longest: int, salt: str | None) -> Key | None:
         """The longest kept beginning of `prompt` of this salt, of at most `longest` tokens."""
         fits = (k for k in self.known if k[0] == salt and len(k[1]) <= longest and prompt[: len(k[1])] == list(k[1]))
         return max(fits, key=lambda k: len(k[1]), default=None)

@@ -133,12 +133,12 @@ def stream_interval(body: dict[str, Any], where: str = "") -> int | None:
 
 def query_body(query: dict[str, str]) -> dict[str, Any]:
     """A GET request's parameters (`?prompt=...&max_tokens=20`) as the JSON body a POST sends:
-    every value but the prompt read as JSON (numbers, true/false), else kept as text for
-    plain_request to reject."""
+    every value but the texts (the prompt, a cache_salt: `12345678` is a salt, not a number) read
+    as JSON (numbers, true/false), else kept as text for plain_request to reject."""
     body: dict[str, Any] = {}
     for name, value in query.items():
         try:
-            body[name] = value if name == "prompt" else json.loads(value)
+            body[name] = value if name in ("prompt", "cache_salt") else json.loads(value)
         except (ValueError, RecursionError):  # not JSON, too many digits, nested too deeply
             body[name] = value
     return body

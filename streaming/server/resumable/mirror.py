@@ -119,7 +119,8 @@ class Mirror:
         pipe = store.redis.pipeline(transaction=False)
         if new:  # its prompt and parameters, and its lease
             assert job is not None
-            params = json.dumps(asdict(job.params))
+            # (a cache_salt only where there is one: a replica from before it can still take the stream over)
+            params = json.dumps({k: v for k, v in asdict(job.params).items() if k != "cache_salt" or v is not None})
             prompt = job.prompt.dumps() if job.prompt is not None else "null"
             pipe.hset(meta_key, mapping={"ids": " ".join(map(str, job.ids)), "params": params, "prompt": prompt})
             pipe.set(key("l", rec.id), store.name, px=LEASE_MS)
