@@ -606,11 +606,19 @@ def overload(mine: dict, them: dict) -> dict:
     a, b = mine["by_rate"][rate], them["by_rate"][rate]
     ratio = a["qoe_mean"] / b["qoe_mean"] if b["qoe_mean"] else float("inf")
     met = ratio >= OVERLOAD_QOE and a["qoe_share_95"] >= 0.5
+    # A QoE is at most 1: past a peer's QoE of 1 / OVERLOAD_QOE no server could meet the ratio, and
+    # the line says so rather than leave it read as this server's shortfall (run43: the peer's 0.945)
+    ceiling = 1.0 / b["qoe_mean"] if b["qoe_mean"] else float("inf")
+    why = (
+        f" (at most {ceiling:.2f}x for any server: the peer's own {b['qoe_mean']:.3f})"
+        if ceiling < OVERLOAD_QOE
+        else ""
+    )
     print(
-        f"    {goal} ({rate:g}/s): {ratio:.2f}x, {a['qoe_share_95']:.0%} at >= 0.95 -> {'met' if met else 'NOT met'}",
+        f"    {goal} ({rate:g}/s): {ratio:.2f}x, {a['qoe_share_95']:.0%} at >= 0.95{why} -> {'met' if met else 'NOT met'}",
         flush=True,
     )
-    return {"rate": rate, "ratio": ratio, "share_95": a["qoe_share_95"], "met": met}
+    return {"rate": rate, "ratio": ratio, "share_95": a["qoe_share_95"], "met": met, "ceiling": ceiling}
 
 
 def overload_bound(them: dict, under: float) -> float | None:
