@@ -290,7 +290,9 @@ def test_the_w8a8_product_is_each_rows_own_whatever_else_is_in_the_batch(dtype):
     plain = layer(dtype)
     s = torch.rand(96) + 0.5
     q = quant.QuantLinear(plain, "w8a8", smooth=s)
-    assert q.candidates(1) == ["linear", "mv", "xwt", "w8a8"] and q.table == ["w8a8"] * len(ROWS)
+    i8w = ["i8w"] if quant.int8_fast() else []  # torch's int8 weight kernel too, where it is fast
+    assert q.candidates(1) == ["linear", "mv", "xwt", "w8a8", *i8w] and q.table == ["w8a8"] * len(ROWS)
+    assert "i8w" not in q.candidates(quant.I8W_ROWS + 1)
     torch.manual_seed(1)
     x = torch.randn(9, 96)
     x[3, 5] = 100.0  # an outlier channel in one row
@@ -335,6 +337,48 @@ def test_a_batch_through_w8a8_gives_each_row_its_tokens_alone_through_it():
     assert all(alone) and together == alone
     with pytest.raises(ValueError, match="smooths on a text"):
         quant.quantize(tiny_model(tok).eval(), "w8a8")
+
+
+@needs_fbgemm
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_w8a8s_int8_weight_kernel_is_each_rows_own_and_its_copy_is_kept_only_where_chosen(dtype, monkeypatch):
+    """"i8w": a w8a8 layer's unsmoothed weights in int8 (a scale per output) through torch's int8
+    weight kernel, the rows as they are: within int8 weights' rounding of the dense product, each
+    row the same bits alone as in any batch; offered where that kernel is fast (AVX512) up to
+    I8W_ROWS rows; its copy made by a table that names it, dropped by one that does not, and not
+    shared with a piece of the layer."""
+    plain = layer(dtype)
+    q = quant.QuantLinear(plain, "w8a8", smooth=torch.rand(96) + 0.5)
+    for capability, offered in (("AVX512", True), ("AVX2", False)):
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
+        assert ("i8w" in q.candidates(1)) == offered and "i8w" not in q.candidates(quant.I8W_ROWS + 1)
+    monkeypatch.undo()
+    torch.manual_seed(2)
+    x = torch.randn(7, 96).to(dtype)
+    with torch.inference_mode():
+        together, want = q.run("i8w", x), plain(x)
+        assert together.dtype == dtype and torch.equal(together, torch.cat([q.run("i8w", r[None]) for r in x]))
+        for i in range(len(x)):  # int8 weights: 1/254 of each output's largest weight, summed over 96 inputs
+            err = float((together[i] - want[i]).float().abs().max())
+            assert err <= 3e-2 * float(want[i].float().abs().max()) + 1e-3, i
+    assert q.int8_copy is not None and q.part(40).int8_copy is None
+    kernels.use([q], ["i8w", *["w8a8"] * len(ROWS)])
+    assert q.int8_copy is not None and q.pick(1) == "i8w"
+    kernels.use([q], ["w8a8"] * (len(ROWS) + 1))
+    assert q.int8_copy is None
+
+
+@needs_fbgemm
+def test_a_batch_through_w8a8s_int8_weight_kernel_gives_each_row_its_tokens_alone_through_it():
+    tok = lm.load_tokenizer()
+    net = quant.quantize(tiny_model(tok).to(torch.float32).eval(), "w8a8", 1 << 30, smooth.calibration_ids(tok))
+    for m in net.modules():
+        if isinstance(m, quant.QuantLinear) and m.mode == "w8a8":
+            m.fixed = "i8w"
+        elif isinstance(m, quant.QuantLinear):
+            m.fixed = "mv"  # the down projection (as in the w8a8 test above: rows of their own)
+    alone, together = alone_and_together(net)
+    assert all(alone) and together == alone
 
 
 def test_w8a8_keeps_the_down_projection_in_the_weight_kernel_this_cpu_runs_fast(monkeypatch):

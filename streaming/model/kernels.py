@@ -54,7 +54,7 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
 
@@ -156,6 +156,10 @@ K = TypeVar("K")
 class ChosenLinear(torch.nn.Module):
     """A Linear that runs, for each call, the kernel its table names for that many rows."""
 
+    copying: ClassVar[tuple[str, ...]] = COPYING  # its kernels that keep a copy of the weight (COPY_MARGIN)
+    # kernel -> the attribute holding its copy and what makes it (WEIGHT_COPIES; a subclass adds its own)
+    copies: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]]
+
     def __init__(self, layer: torch.nn.Linear) -> None:
         super().__init__()
         self.weight, self.bias = layer.weight, layer.bias
@@ -194,7 +198,7 @@ class ChosenLinear(torch.nn.Module):
         if self.bias is not None:
             piece.bias = torch.nn.Parameter(self.bias.detach()[:n], requires_grad=False)
         piece.out_features = n
-        for attribute, _ in WEIGHT_COPIES.values():
+        for attribute, _ in self.copies.values():
             setattr(piece, attribute, None)
         return piece
 
@@ -241,6 +245,7 @@ WEIGHT_COPIES: dict[str, tuple[str, Callable[[ChosenLinear], torch.Tensor]]] = {
     "dnn": ("blocks", ChosenLinear.blocked_weight),
     "f32": ("wide", ChosenLinear.widened),
 }
+ChosenLinear.copies = WEIGHT_COPIES
 
 
 def wrap(model: torch.nn.Module, make: Callable[[torch.nn.Linear], ChosenLinear | None] = ChosenLinear) -> None:
@@ -330,7 +335,7 @@ def use(layers: list[ChosenLinear], table: list[str]) -> None:
     weight copies it needs, made now rather than in the first request's step; no others."""
     for layer in layers:
         layer.table, layer.prefill = list(table[:-1]), table[-1]
-        for kernel, (attribute, make) in WEIGHT_COPIES.items():
+        for kernel, (attribute, make) in layer.copies.items():
             if kernel in table:
                 make(layer)
             else:
@@ -451,8 +456,9 @@ def timed_table(sample: list[ChosenLinear], rows: tuple[int, ...]) -> list[str]:
     AMX the blocked copy chosen from 64 rows lost the 512-row prefills' band by its margin alone,
     and whole 512-token passes with it took 300 against 325 ms)."""
     timed = [timings(sample, n) for n in (*rows, PREFILL_ROWS)]
-    copies = frozenset(k for k in map(fastest, timed) if k in COPYING)
-    return [fastest(median, copies) for median in timed]
+    copying = sample[0].copying
+    copies = frozenset(k for k in (fastest(m, copying=copying) for m in timed) if k in copying)
+    return [fastest(median, copies, copying) for median in timed]
 
 
 def timings(sample: list[ChosenLinear], rows: int) -> dict[str, float]:
@@ -464,11 +470,11 @@ def timings(sample: list[ChosenLinear], rows: int) -> dict[str, float]:
     return medians({name: functools.partial(run_all, sample, name, x) for name in first.candidates(rows)}, ROUNDS)
 
 
-def fastest(median: dict[str, float], kept: frozenset[str] = frozenset()) -> str:
+def fastest(median: dict[str, float], kept: frozenset[str] = frozenset(), copying: tuple[str, ...] = COPYING) -> str:
     """The kernel to use, from its candidates' median times: `linear` unless another takes at most
-    MARGIN of its time (COPY_MARGIN for one that keeps a copy of the weight, unless the copy is
-    `kept` anyway)."""
-    margin = {n: COPY_MARGIN if n in COPYING and n not in kept else MARGIN for n in median}
+    MARGIN of its time (COPY_MARGIN for one that keeps a copy of the weight, `copying`, unless the
+    copy is `kept` anyway)."""
+    margin = {n: COPY_MARGIN if n in copying and n not in kept else MARGIN for n in median}
     passing = [n for n in median if median[n] <= margin[n] * median["linear"]]
     return min(passing, key=median.__getitem__) if passing else "linear"
 

@@ -61,7 +61,7 @@ from pathlib import Path
 import torch
 
 from streaming.model import kernels, smooth
-from streaming.model.kernels import ROWS, ChosenLinear
+from streaming.model.kernels import COPYING, ROWS, WEIGHT_COPIES, ChosenLinear
 
 DENSE_FROM = 24  # until measured (--kernels linear): rows from which dense runs (AVX-512, bf16: 16 int8 wins, 32 dense)
 BF16_DENSE_FROM = 4  # the same for bf16 weights (AVX2, float32: they win at 1-2 rows, lose 2x from 4)
@@ -71,6 +71,13 @@ SPAN_MIN = 1e-30  # w8a8: a row whose values are all equal maps to [-1, 1] over 
 GROUP = 64  # int4: inputs per scale and offset (64 kept the perplexity closest of 32/64/128 for its bytes)
 INNER_K_TILES = 2  # int4 packing layout the CPU kernel takes
 W8A8_DENSE_FROM = 1 << 10  # and for w8a8: faster than bfloat16 at every decode row count (AVX-512 VNNI)
+# w8a8: up to this many rows torch's int8 weight kernel is timed too ("i8w", from an int8 copy of the
+# weight kept only where chosen). A small layer's product at one row is mostly the work around its
+# kernel: on the AMX Xeon the attention's 1152 x 896 and 896 x 896 products chose `mv` over w8a8
+# (its rows' mapping onto [-1, 1] and back), and `mv` read their bfloat16 weights at 13 GB/s in a
+# real pass; int8 weights through `_weight_int8pack_mm` made a one-row step 42.0 -> 38.2 ms
+# (medians of 15, three rounds), where the larger layers (gate and up, the output layer) lost with it.
+I8W_ROWS = 4
 MODES = ("none", "int8", "int4", "bf16", "fp16", "w8a8")
 FBGEMM = ("fp16", "w8a8")  # the modes that run fbgemm's kernels (torch's x86 builds only)
 
@@ -78,7 +85,10 @@ FBGEMM = ("fp16", "w8a8")  # the modes that run fbgemm's kernels (torch's x86 bu
 class QuantLinear(ChosenLinear):
     """A Linear that can also multiply by int8 or int4 weights: its table (kernels.py, measured at
     load) says for each row count whether the quantized kernel or a dense one runs. Until
-    measured: the quantized kernel up to DENSE_FROM rows, `linear` from there."""
+    measured: the quantized kernel up to DENSE_FROM rows, `linear` from there. A w8a8 layer where
+    torch's int8 weight kernel is fast (int8_fast) also times that one at a few rows (I8W_ROWS)."""
+
+    copying = (*COPYING, "i8w")
 
     w8: torch.Tensor  # int8: the weights, one scale per output (buffers)
     scales: torch.Tensor
@@ -94,6 +104,7 @@ class QuantLinear(ChosenLinear):
     ) -> None:
         super().__init__(linear)
         self.mode = mode
+        self.int8_copy: tuple[torch.Tensor, torch.Tensor] | None = None  # w8a8's "i8w": while it may run
         if dense_from is None:
             dense_from = {"bf16": BF16_DENSE_FROM, "fp16": FP16_DENSE_FROM, "w8a8": W8A8_DENSE_FROM}.get(
                 mode, DENSE_FROM
@@ -120,18 +131,31 @@ class QuantLinear(ChosenLinear):
             self.packed = pack_int8(smoothed)
             self.register_buffer("ones", smoothed.sum(1))
         elif mode == "int8":
-            scale = w.abs().amax(1).clamp(min=1e-8) / 127
-            self.register_buffer("w8", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
-            self.register_buffer("scales", scale.to(linear.weight.dtype))
+            w8, scales = int8_pair(linear.weight.detach())
+            self.register_buffer("w8", w8)
+            self.register_buffer("scales", scales)
         else:
             packed, scales_and_zeros = int4_pack(w)
             self.register_buffer("w4", packed)
             self.register_buffer("scales_and_zeros", scales_and_zeros.to(linear.weight.dtype))
 
     def candidates(self, rows: int) -> list[str]:
-        return [*super().candidates(rows), self.mode]
+        return [*super().candidates(rows), self.mode, *(["i8w"] if self.i8w(rows) else [])]
+
+    def i8w(self, rows: int = 1) -> bool:
+        """Whether the int8 weight kernel is a candidate at this many rows (w8a8, I8W_ROWS)."""
+        return self.mode == "w8a8" and rows <= I8W_ROWS and int8_fast()
+
+    def int8_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The int8 copy "i8w" multiplies by (int8_pair), made on first use."""
+        if self.int8_copy is None:
+            self.int8_copy = int8_pair(self.weight.detach())
+        return self.int8_copy
 
     def run(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        if name == "i8w":  # the unsmoothed weights, a scale per output: the rows as they are
+            y = torch.ops.aten._weight_int8pack_mm(x, *self.int8_weights())
+            return y if self.bias is None else y + self.bias
         if name != self.mode:
             return super().run(name, x)
         if self.mode == "bf16":
@@ -177,7 +201,18 @@ class QuantLinear(ChosenLinear):
         return piece
 
     def shape(self) -> tuple[object, ...]:
-        return (*super().shape(), self.mode)
+        return (*super().shape(), self.mode, *(["i8w"] if self.i8w() else []))  # (a new key: timed again)
+
+
+QuantLinear.copies = {**WEIGHT_COPIES, "i8w": ("int8_copy", QuantLinear.int8_weights)}
+
+
+def int8_pair(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 weights, a scale per output (in the weight's dtype), as torch's int8 weight
+    kernel `_weight_int8pack_mm` takes them."""
+    w = weight.to(torch.float32)
+    scale = w.abs().amax(1).clamp(min=1e-8) / 127
+    return torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8), scale.to(weight.dtype)
 
 
 def fbgemm_available() -> bool:
@@ -214,11 +249,16 @@ def kept_mode(weight: torch.Tensor | None = None) -> str:
     there, but w8a8 loads). Measured on the AVX2 EPYC, one row of the 896 x 4864 down projection,
     24 distinct weights in turn: int8 3.81 ms, dense float32 1.80, fp16 0.64: int8 there lost to
     dense, so the tables ran float32 and a w8a8 step read 17 MB a layer for it."""
-    if torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
+    if int8_fast():
         return "int8"
     if weight is not None and past_fp16(weight):
         return "int8"
     return "fp16"
+
+
+def int8_fast() -> bool:
+    """Whether torch's int8 weight kernel is vectorized here (its CPU capability AVX512)."""
+    return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 
 
 def weight_levels() -> int:
