@@ -342,7 +342,7 @@ def test_a_batch_through_w8a8_gives_each_row_its_tokens_alone_through_it():
 @needs_fbgemm
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_w8a8s_int8_weight_kernel_is_each_rows_own_and_its_copy_is_kept_only_where_chosen(dtype, monkeypatch):
-    """"i8w": a w8a8 layer's unsmoothed weights in int8 (a scale per output) through torch's int8
+    """ "i8w": a w8a8 layer's unsmoothed weights in int8 (a scale per output) through torch's int8
     weight kernel, the rows as they are: within int8 weights' rounding of the dense product, each
     row the same bits alone as in any batch; offered where that kernel is fast (AVX512) up to
     I8W_ROWS rows; its copy made by a table that names it, dropped by one that does not, and not
