@@ -153,12 +153,11 @@ class QuantLinear(ChosenLinear):
         return self.int8_copy
 
     def run(self, name: str, x: torch.Tensor) -> torch.Tensor:
-        if name == "i8w":  # the unsmoothed weights, a scale per output: the rows as they are
+        if name == "i8w":  # w8a8's: the unsmoothed weights in int8, a scale per output, the rows as they are
             y = torch.ops.aten._weight_int8pack_mm(x, *self.int8_weights())
-            return y if self.bias is None else y + self.bias
-        if name != self.mode:
+        elif name != self.mode:
             return super().run(name, x)
-        if self.mode == "bf16":
+        elif self.mode == "bf16":
             y = torch.nn.functional.linear(x.to(torch.bfloat16), self.wh).to(x.dtype)
         elif self.mode == "fp16":
             y = torch.ops.quantized.linear_dynamic_fp16(x.to(torch.float32), self.packed).to(x.dtype)

@@ -119,8 +119,9 @@ class Mirror:
         pipe = store.redis.pipeline(transaction=False)
         if new:  # its prompt and parameters, and its lease
             assert job is not None
-            # (a cache_salt only where there is one: a replica from before it can still take the stream over)
-            params = json.dumps({k: v for k, v in asdict(job.params).items() if k != "cache_salt" or v is not None})
+            # the fields set only (a cache_salt where there is one): a replica from before a field can
+            # still take the stream over, its GenerationParams(**...) reading the rest as defaults
+            params = json.dumps({k: v for k, v in asdict(job.params).items() if v is not None})
             prompt = job.prompt.dumps() if job.prompt is not None else "null"
             pipe.hset(meta_key, mapping={"ids": " ".join(map(str, job.ids)), "params": params, "prompt": prompt})
             pipe.set(key("l", rec.id), store.name, px=LEASE_MS)
