@@ -23,7 +23,14 @@ import sys
 
 import lm
 from streaming.generation.backend import ENGINES
-from streaming.generation.batched import GPU_MAX_BATCH, MAX_BATCH, MAX_WAITING, PREFILL_CHUNK, default_max_batch
+from streaming.generation.batched import (
+    BF16_CPU_MAX_BATCH,
+    GPU_MAX_BATCH,
+    MAX_BATCH,
+    MAX_WAITING,
+    PREFILL_CHUNK,
+    default_max_batch,
+)
 from streaming.generation.kv import GPU_KV_SHARE, KV_MEMORY
 from streaming.generation.policy import PREFILL_BUDGET, SCHEDULES
 from streaming.generation.prefixes import RETAIN_MEMORY
@@ -228,7 +235,8 @@ def batch_sizing_options(g):
         "--max-batch",
         type=int,
         default=None,
-        help=f"batched: requests per step; more wait (default {MAX_BATCH}, {GPU_MAX_BATCH} on CUDA)",
+        help=f"batched: requests per step; more wait (default {MAX_BATCH}; {BF16_CPU_MAX_BATCH} in bfloat16 on a CPU"
+        f" with native bfloat16, {GPU_MAX_BATCH} on CUDA)",
     )
     g.add_argument(
         "--kv-memory",
@@ -273,7 +281,7 @@ def config_of(args, device=None):
     # (the KV budget left out is sized by the engine, on the model's side: asking a GPU here would
     # give the server process a CUDA context of its own, with --engine process too)
     kv = int(args.kv_memory * 2**30) if args.kv_memory is not None else None
-    batch = args.max_batch if args.max_batch is not None else default_max_batch(device)
+    batch = args.max_batch if args.max_batch is not None else default_max_batch(device, lm.dtype())
     retain = int(args.retain_memory * 2**30)
     return Config(**dict(values, body_memory=args.max_body_memory, kv_memory=kv, max_batch=batch, retain_memory=retain))
 

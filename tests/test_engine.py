@@ -21,9 +21,17 @@ from helpers import ServerProcess, http, metrics, model_of
 import lm
 import server
 from streaming.generation.batch import Batch
-from streaming.generation.batched import GPU_MAX_BATCH, MAX_BATCH, BatchedJob, BatchEngine, default_max_batch
+from streaming.generation.batched import (
+    BF16_CPU_MAX_BATCH,
+    GPU_MAX_BATCH,
+    MAX_BATCH,
+    BatchedJob,
+    BatchEngine,
+    default_max_batch,
+)
 from streaming.generation.kv import GPU_KV_SHARE, KV_MEMORY, default_kv_memory
 from streaming.generation.thread import ThreadJob
+from streaming.model.choice import cpu_has_bf16
 from streaming.model.testing import ExactModel, tiny_model
 from streaming.wire.errors import InvalidRequest
 from streaming.wire.params import GenerationParams, plain_request
@@ -66,6 +74,15 @@ async def text(job, on_piece=None):
     return "".join(out), await job.done
 
 
+async def settled(e, timeout=10.0):
+    """Until the engine's thread has compacted its finished rows (a reader gets its end from
+    inside the step, before the step frees the row's slot), at most `timeout` seconds."""
+    for _ in range(int(timeout / 0.01)):
+        if not e.batch.rows and e.batch.kv.rows() == 0:
+            return
+        await asyncio.sleep(0.01)
+
+
 async def alone_with_threads(net, n=20):
     return [await text(ThreadJob(ids(i), params(i, n), model=model_of(net)).start()) for i in range(len(PROMPTS))]
 
@@ -100,7 +117,7 @@ def test_requests_join_and_leave_mid_batch_and_the_cache_keeps_only_live_rows(dt
         await started.wait()  # the first three are mid-answer: two more join
         late = [BatchedJob(e, ids(i), params(i, 30)).start() for i in (3, 4)]
         results = await asyncio.gather(*tasks, *(text(j) for j in late))
-        await asyncio.sleep(0.1)
+        await settled(e)
         return expected, results, e
 
     expected, results, e = asyncio.run(run())
@@ -263,7 +280,9 @@ def test_an_id_past_the_vocabulary_fails_its_request_before_any_step(where):
         prompt, prior, bad = (ids(0) + [size], [], size) if where == "prompt" else (ids(0), [5, size + 7], size + 7)
         with pytest.raises(InvalidRequest, match=f"token id {bad} "):
             await text(BatchedJob(e, prompt, params(0), prior=prior).start())
-        return await text(BatchedJob(e, ids(0), params(0)).start()), e
+        good = await text(BatchedJob(e, ids(0), params(0)).start())
+        await settled(e)
+        return good, e
 
     (good, _), e = asyncio.run(run())
     assert good and e.thread.is_alive() and e.batch.kv.rows() == 0
@@ -315,7 +334,7 @@ def test_metrics_show_the_engine(servers):
     http(port, "POST", "/complete", {"prompt": "Hi", "max_tokens": 5})
     m = metrics(port)
     assert {"active", "waiting", "steps", "tokens_generated", "tokens_after_stop", "requests_stopped"} <= set(m)
-    assert m["steps"] > 0 and m["tokens_generated"] >= 5 and m["max_batch"] == default_max_batch(lm.DEVICE)
+    assert m["steps"] > 0 and m["tokens_generated"] >= 5 and m["max_batch"] == default_max_batch(lm.DEVICE, lm.dtype())
     assert m["kv_memory"] == default_kv_memory(lm.DEVICE)
 
 
@@ -324,11 +343,14 @@ def test_the_batch_and_its_kv_budget_are_sized_for_the_device():
     launch-bound, so more rows cost next to nothing there); given, they are taken as given."""
     assert default_max_batch("cpu") == default_max_batch("mps") == MAX_BATCH
     assert default_max_batch("cuda") == default_max_batch("cuda:1") == GPU_MAX_BATCH
+    assert default_max_batch("cpu", torch.float32) == default_max_batch("mps", torch.bfloat16) == MAX_BATCH
+    native = BF16_CPU_MAX_BATCH if cpu_has_bf16() else MAX_BATCH  # a CPU's matrix units: more rows a step
+    assert default_max_batch("cpu", torch.bfloat16) == native
     assert default_kv_memory("cpu") == default_kv_memory("mps") == KV_MEMORY
     assert default_kv_memory("cuda", total=141 << 30) == int(GPU_KV_SHARE * (141 << 30))
     assert default_kv_memory("cuda:0", total=6 << 30) == 3 << 30  # a small GPU: its share, not a CPU's 4 GiB
     left_out = server.config_of(server.parse_args(["--engine", "free"]), "cpu")
-    assert (left_out.max_batch, left_out.kv_memory) == (MAX_BATCH, None)  # the engine sizes it: KV_MEMORY here
+    assert (left_out.max_batch, left_out.kv_memory) == (default_max_batch("cpu", lm.dtype()), None)  # KV: the engine's
     given = server.config_of(server.parse_args(["--max-batch", "3", "--kv-memory", "0.5"]), "cuda")
     assert (given.max_batch, given.kv_memory) == (3, 1 << 29)
     assert server.config_of(server.parse_args(["--retain-memory", "0.5"]), "cpu").retain_memory == 1 << 29

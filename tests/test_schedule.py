@@ -22,7 +22,17 @@ import lm
 from streaming.generation import attention, kv
 from streaming.generation.batch import Row
 from streaming.generation.batched import BatchedJob, BatchEngine
-from streaming.generation.policy import MAX_PREFILL, MAX_SKIP, Fifo, Qoe, StepCosts, prefill_group, stretch
+from streaming.generation.policy import (
+    FULL_PACE,
+    MAX_PREFILL,
+    MAX_SKIP,
+    READING_RATE,
+    Fifo,
+    Qoe,
+    StepCosts,
+    prefill_group,
+    stretch,
+)
 from streaming.generation.prefixes import PREFIX_MIN, Prefixes
 from streaming.generation.thread import ThreadJob
 from streaming.model import quant
@@ -162,8 +172,12 @@ def test_qoe_lets_every_row_ride_with_a_prompt_whose_first_text_comes_soon_all_t
     assert len(q.plan(ahead, now=20.0, joining=19.6, costs=costs, waiting=50).run) == 4  # waited 0.4 s
     assert len(q.plan(ahead, now=20.0, joining=19.99, costs=StepCosts(), waiting=50).run) == 4  # not measured
     assert len(q.plan(ahead, now=20.0, joining=19.99, costs=costs).run) == 4  # tokens not said
-    behind = [*ahead, Fake(delivered=80, last_at=19.9)]  # a reader about to wait: places are needed
-    assert len(q.plan(behind, now=20.0, joining=19.99, costs=costs, waiting=50).run) < 21
+    behind = [*ahead, Fake(delivered=80, last_at=19.9)]  # a reader about to wait
+    # a step of all 21 keeps every reader at FULL_PACE x R (90 ms: 11 tokens a second): all ride
+    assert sorted(q.plan(behind, now=20.0, joining=19.99, costs=costs, waiting=50).run) == list(range(21))
+    slow = StepCosts()
+    slow.record(21, 1 / (READING_RATE * FULL_PACE) + 0.01)  # all of them: slower than that, places are needed
+    assert len(q.plan(behind, now=20.0, joining=19.99, costs=slow, waiting=50).run) < 21
 
 
 def test_qoe_runs_the_urgent_rows_worth_the_step_newest_and_shortest_first():
@@ -251,8 +265,9 @@ def test_qoe_lets_rows_ahead_ride_with_a_reader_about_to_wait_while_the_step_kee
     """Two readers about to wait among ten far ahead: the rows ahead ride along while the step
     keeps every reader in it at KEEP_PACE x the reading rate (steps of 12 here: 113 ms, 8.8
     tokens a second), instead of a step of MIN_BATCH rows that leaves the others' tokens for
-    later; where only small steps keep that pace, only they run; a prompt waiting to join: the
-    rows make room for it as before."""
+    later; where only small steps keep that pace, only they run, and where a step of all of them
+    keeps every reader at FULL_PACE x the rate, all of them; a prompt waiting to join: the rows
+    make room for it as before."""
     rows = [Fake(delivered=d, last_at=19.9) for d in (85, 86, *range(200, 210))]
     costs = StepCosts()
     for k in range(1, 13):
@@ -262,6 +277,11 @@ def test_qoe_lets_rows_ahead_ride_with_a_reader_about_to_wait_while_the_step_kee
     for k in range(1, 13):
         slow.record(k, 0.1 + 0.02 * k, 20.0)  # 1 / (1.5 x 4.6) = 145 ms: 2 rows
     assert sorted(Qoe().plan(rows, 20.0, costs=slow).run) == [0, 1, 2, 3]  # MIN_BATCH's places
+    paced = StepCosts()
+    for k in range(1, 13):  # 8 rows within KEEP_PACE's 145 ms, all 12 within FULL_PACE's 181 ms: all ride
+        paced.record(k, 0.1 + 0.005 * k, 20.0)
+    assert paced.most_within(1 / (READING_RATE * 1.5), 12) == 8
+    assert sorted(Qoe().plan(rows, 20.0, costs=paced).run) == list(range(12))
     assert len(Qoe().plan(rows, 20.0, joining=19.9, costs=costs, waiting=2000).run) == 4
 
 

@@ -28,7 +28,7 @@ from streaming.generation.job import Stats
 from streaming.generation.policy import MAX_PREFILL
 from streaming.wire.params import GenerationParams
 
-WARM_ROWS = 64  # synthetic requests: the default --max-batch, the most rows a step holds
+WARM_ROWS = 64  # synthetic requests: --max-batch's default on most CPUs (rows past it fault their pages once)
 WARM_TOKENS = 3  # each: its prompt's first token, then steps of every row
 
 
