@@ -11,6 +11,7 @@ What the engine promises is checked two ways, so that it holds on every CPU and 
 Both in float32 and bfloat16 (emulated, slower, on a CPU without native bf16: kept small)."""
 
 import asyncio
+import functools
 import json
 import threading
 
@@ -286,6 +287,27 @@ def test_an_id_past_the_vocabulary_fails_its_request_before_any_step(where):
 
     (good, _), e = asyncio.run(run())
     assert good and e.thread.is_alive() and e.batch.kv.rows() == 0
+
+
+@pytest.mark.parametrize("engine", ["batched", "thread"])
+def test_an_answer_whose_tokens_so_far_reach_max_tokens_ends_at_its_length_with_no_new_token(engine):
+    """A stream taken over after its last token but before its end was recorded: both engines
+    end it at once, reason "length", no token past max_tokens (the batched one gave one more)."""
+    prior = [5, 6, 7, 8, 9]
+
+    async def run():
+        e = BatchEngine(lm.handle(), max_batch=4)
+        make = (
+            functools.partial(BatchedJob, e) if engine == "batched" else functools.partial(ThreadJob, model=lm.handle())
+        )
+        job = make(ids(0), params(0, n=len(prior)), prior=prior).start()
+        out = await text(job)
+        later = await text(make(ids(1), params(1, n=3)).start())  # the engine goes on
+        return job, out, later, e
+
+    job, (out, produced), (later, _), e = asyncio.run(run())
+    assert (out, produced, job.reason) == ("", len(prior), "length") and later
+    assert engine == "thread" or e.batch.tokens == 3  # the batch generated only the next request's
 
 
 def test_a_call_runs_on_the_engines_own_thread_between_steps_and_brings_back_its_result_or_error():

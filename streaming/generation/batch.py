@@ -148,6 +148,9 @@ class Batch:
             except Exception as e:  # noqa: BLE001 - this request fails (an id the model has not: InvalidRequest), not the engine
                 row.end(error=e)
                 continue
+            if row.job.spent():  # its answer so far is whole: it ends without a step
+                row.end("length")
+                continue
             self.joining.append(row)
 
     def fits(self, row: Row) -> bool:

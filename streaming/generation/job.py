@@ -155,6 +155,11 @@ class Job:
         for token in self.prior:  # their text was sent by the process that began the answer
             self.detok.push(token)
 
+    def spent(self) -> bool:
+        """The answer so far already holds max_tokens (a stream taken over after its last token,
+        before its end was recorded): nothing more to generate, it ends at its length."""
+        return self.produced >= self.params.max_tokens
+
     @property
     def context(self) -> list[int]:
         """What the model reads before the next token: the prompt and the answer so far."""

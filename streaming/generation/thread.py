@@ -98,6 +98,9 @@ class ThreadJob(Job):
         o = self.options
         try:
             self.begin(self.model)
+            if self.spent():
+                self.end("length")
+                return
             if o.first_delay:
                 self.stop.wait(o.first_delay)
             for token in tokens(self.model, self.context, self.params, stop=self.stop, start=len(self.prior)):
