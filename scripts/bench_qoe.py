@@ -40,8 +40,8 @@ from the peer's QoE at the lowest measured rate at or past twice the lowest). A 
 is "more than" ours over that level. The steady-load check (issue 22 §3): each Poisson load on
 this server against a burst of as many readers at once, in the load's steady window where it is
 long enough (steady_window: `--seconds 150`), else over its whole busy period; with each load,
-the engine's steps (how many, their milliseconds, tokens a step, rows sat out a step). Saves results/qoe.json (and results/qoe-partial.json after
-each load) and results/qoe.png. Benchmarks are not tests: nothing here asserts. `python
+the engine's steps (how many, their milliseconds, tokens a step, rows sat out a step). Saves
+results/qoe.json (and results/qoe-partial.json after each load) and results/qoe.png. Benchmarks are not tests: nothing here asserts. `python
 scripts/bench.py guidellm` runs the field's tool against the same servers.
 
 Leaves out: llama.cpp's server (it builds from source here, about 10 minutes) and vLLM (no
@@ -551,21 +551,10 @@ def lone_step(before: dict | None, after: dict | None, rate: float | None) -> di
     """A lone reader's mean gap against the engine's own mean step over the same answer (issue
     22 §2: a lone stream's gap should be within 10% of the model's step): what the event loop,
     the hand-off and the wire add to the model."""
-    if before is None or after is None or not rate:
+    steps = engine_steps(before, after)
+    if steps is None or not rate:
         return {}
-    steps = after["steps"] - before["steps"]
-    if steps <= 0:
-        return {}
-    parts = {
-        k: after["step_parts_seconds"][k] - before["step_parts_seconds"].get(k, 0.0)
-        for k in after["step_parts_seconds"]
-    }
-    return {
-        "steps": steps,
-        "step_ms": 1000 * (after["step_seconds"] - before["step_seconds"]) / steps,
-        "forward_ms": 1000 * parts["forward"] / steps,
-        "gap_ms": 1000 / rate,
-    }
+    return {k: steps[k] for k in ("steps", "step_ms", "forward_ms")} | {"gap_ms": 1000 / rate}
 
 
 def engine_steps(before: dict | None, after: dict | None) -> dict | None:

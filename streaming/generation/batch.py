@@ -144,12 +144,10 @@ class Batch:
         """Admit waiting rows into at most `room` places, within the KV memory (under the lock)."""
         while len(self) < room and (row := self.waiting.admit(self.clock(), self.fits)):
             try:
-                row.job.begin(self.model)
+                if not row.job.begin(self.model):  # its answer so far is whole: it has ended, no step
+                    continue
             except Exception as e:  # noqa: BLE001 - this request fails (an id the model has not: InvalidRequest), not the engine
                 row.end(error=e)
-                continue
-            if row.job.spent():  # its answer so far is whole: it ends without a step
-                row.end("length")
                 continue
             self.joining.append(row)
 

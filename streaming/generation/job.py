@@ -139,11 +139,14 @@ class Job:
 
     # --- from the producing side ---------------------------------------------------------------
 
-    def begin(self, model: Model) -> None:
+    def begin(self, model: Model) -> bool:
         """Before the first token, on the producing side: the ids checked against the model's
         vocabulary (InvalidRequest), the detokenizer and the end ids. The tokenizer makes only
         known ids, but an answer's tokens so far may come from a store (a stream taken over), and
-        on a GPU one id past the embedding would end the process's CUDA context for everyone."""
+        on a GPU one id past the embedding would end the process's CUDA context for everyone.
+        Returns whether there is a token to generate: an answer so far that already holds
+        max_tokens (taken over after its last token, before its end was recorded) ends here, at
+        its length."""
         context = self.context
         size = model.vocabulary()
         if context and not (0 <= min(context) and max(context) < size):
@@ -154,11 +157,10 @@ class Job:
         self.detok, self.ends = StreamDetokenizer(model.tokenizer, skip_special_tokens=True), model.stop_ids()
         for token in self.prior:  # their text was sent by the process that began the answer
             self.detok.push(token)
-
-    def spent(self) -> bool:
-        """The answer so far already holds max_tokens (a stream taken over after its last token,
-        before its end was recorded): nothing more to generate, it ends at its length."""
-        return self.produced >= self.params.max_tokens
+        if self.produced >= self.params.max_tokens:
+            self.end("length")
+            return False
+        return True
 
     @property
     def context(self) -> list[int]:

@@ -26,9 +26,10 @@ every reader in it at KEEP_PACE x R (the urgent one still gains text; nobody's t
 later without need), and every row rides where a step of all of them keeps every reader at
 FULL_PACE x R (a large batch that still outpaces its readers: sitting rows out would only move
 their tokens later and cost tokens a second); in a step that prompts join, too, where they get
-their first text in time with every row riding (`joiners_can_wait`). And where a kernel works in blocks of rows (the costs, kept for each row
-count, jump past a block), a decode step runs the rows that fill whole blocks and the rest in turn
-(`cheapest`): 7 rows on the AVX2 kind's fp16 weights, 6 a step, each reader gets more text a second.
+their first text in time with every row riding (`joiners_can_wait`). And where a kernel works in
+blocks of rows (the costs, kept for each row count, jump past a block), a decode step runs the
+rows that fill whole blocks and the rest in turn (`cheapest`): 7 rows on the AVX2 kind's fp16
+weights, 6 a step, each reader gets more text a second.
 
 **Under overload, the rows worth the step.** When more readers need text than the machine can
 keep at reading speed, which of them run decides what they feel. A token now is worth most to

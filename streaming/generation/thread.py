@@ -97,9 +97,7 @@ class ThreadJob(Job):
     def run(self) -> None:
         o = self.options
         try:
-            self.begin(self.model)
-            if self.spent():
-                self.end("length")
+            if not self.begin(self.model):  # nothing to generate: it has ended
                 return
             if o.first_delay:
                 self.stop.wait(o.first_delay)
