@@ -6,16 +6,17 @@ attention be any registered function (`AttentionInterface`), called by every lay
 layer's queries and whatever the model was given as its attention mask: the engine passes the
 step's `Layout` there, and `attend` reads the slots through it:
 
-- the decode tokens, in one batched call over the slots in use: each a query of its own slot,
-  masked to its slot's length (a slot that sits the step out gets a zero query, its answer
-  dropped);
+- the decode tokens, in a call for each block of slots (blocks.py: slots of like length, each
+  block read to its own longest row): each a query of its own slot, masked to its slot's length
+  (a slot that sits the step out gets a zero query, its answer dropped), the query heads of each
+  key-value head folded into its queries (transformers' pack_gqa, as its SDPA does for one query);
 - each prompt piece, causal over its own slot up to its end (after a kept prefix or earlier
   chunks: an explicit mask, the query heads folded onto their key-value heads, `folded`; a
   whole prompt: SDPA's own causal mask). A row's guessed tokens (speculation.py) are such a
   piece.
 
-Both are transformers' own `sdpa_attention_forward`, so a request alone computes what it does
-without the engine (the thread engine's arithmetic); a call without a Layout (a prefix's
+Both are torch's SDPA as transformers' `sdpa_attention_forward` calls it, so a request alone
+computes what it does without the engine (the thread engine's arithmetic); a call without a Layout (a prefix's
 prefill, the thread engine, tests) goes to the attention the model had.
 
 Leaves out: sliding-window layers (a model with them is refused: its windows would be ignored).
@@ -28,6 +29,7 @@ import sys
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from streaming.generation.kv import Layout
 
@@ -82,14 +84,19 @@ def attend(
     keys, values = layout.kv.layer(module.layer_idx)
     heads, tokens = query.shape[1], query.shape[2]
     out = query.new_empty(1, tokens, heads, values.shape[-1])
-    if r := layout.decoding:
-        q = query[0, :, :r].transpose(0, 1).unsqueeze(2)  # (r, heads, 1, dim)
-        if not layout.every_slot:
-            q = query.new_zeros(layout.used, heads, 1, query.shape[-1]).index_copy_(0, layout.decode_slots, q)
-        k, v = keys[: layout.used, :, : layout.longest], values[: layout.used, :, : layout.longest]
-        o, _ = sdpa_attention_forward(module, q, k, v, layout.mask, scaling=scaling, is_causal=False)
-        out[0, :r] = o[:, 0] if layout.every_slot else o.index_select(0, layout.decode_slots)[:, 0]
     groups = getattr(module, "num_key_value_groups", 1)
+    if r := layout.decoding:
+        q = query[0, :, :r].transpose(0, 1)  # (r, heads, dim)
+        for b in layout.blocks:
+            k, v = keys[b.start : b.end, :, : b.longest], values[b.start : b.end, :, : b.longest]
+            mine = q[b.first : b.last]
+            if b.index is not None:  # zero queries for the slots that sit out
+                mine = q.new_zeros(b.end - b.start, heads, q.shape[-1]).index_copy_(0, b.index, mine)
+            # transformers' pack_gqa: each key-value head's query heads as its queries, no repeat_kv
+            packed = mine.reshape(mine.shape[0], heads // groups, groups, -1)
+            o = F.scaled_dot_product_attention(packed, k, v, attn_mask=b.mask, scale=scaling)
+            o = o.reshape(mine.shape[0], heads, -1)
+            out[0, b.first : b.last] = o if b.index is None else o.index_select(0, b.index)
     for slot, start, n, offset, mask in layout.pieces:
         k, v = keys[slot : slot + 1, :, : start + n], values[slot : slot + 1, :, : start + n]
         q = query[:, :, offset : offset + n]

@@ -13,7 +13,9 @@ values to `SlotKV.update`, which writes each token's into its slot, and attentio
 - a prompt joins in the same pass as the others' decode (Sarathi-Serve's chunked prefill), and
   copies nothing of theirs: its keys are written straight into its slot;
 - a row that leaves copies one row: the last slot moves into its place, so the slots in use stay
-  0..n-1 and attention reads one block;
+  0..n-1;
+- decode attention reads the slots in blocks, each to its own longest row, and the slots are
+  sorted longest first when the padding read would cost more than the copy (blocks.py);
 - the room grows by doubling (one copy of the cache, a few times in a long answer), the slots
   with a few spare (fewer for a long room), and both shrink when most of the batch has left; an
   empty batch holds no memory.
@@ -24,9 +26,12 @@ Leaves out: pages (vLLM's PagedAttention): every slot has room for the batch's l
 
 from __future__ import annotations
 
+import bisect
 from typing import Any, Protocol
 
 import torch
+
+from streaming.generation.blocks import Sorter, call_tokens, cuts
 
 FIRST_SLOTS = 8  # slots allocated at first; past them, a few spare ones are added with each that is needed
 SPARE_ROOM = 8192  # tokens of room the spare slots may hold in all (copies saved against memory held)
@@ -71,6 +76,8 @@ class SlotKV:
         self.owners: list[Holder] = []  # the Holder in each slot in use: owners[i].slot == i
         self.slots, self.room = FIRST_SLOTS, FIRST_ROOM  # what each layer's tensors hold
         self.layout: Layout | None = None  # the step being run
+        self.call = call_tokens(device)  # a block of decode attention's fixed cost (blocks.py)
+        self.sorter, self.sorts = Sorter(self.call), 0
 
     def __len__(self) -> int:
         return len(self.owners)
@@ -105,6 +112,22 @@ class SlotKV:
         room = self.room if longest * SHRINK > self.room else max(FIRST_ROOM, 2 * longest)
         if (slots, room) != (self.slots, self.room):
             self.resize(slots, room)
+
+    def settle(self) -> None:
+        """Between steps: sort the slots longest first where the sorter says it pays (blocks.py)."""
+        order = self.sorter.due([o.length for o in self.owners])
+        if order is None:
+            return
+        moved = [s for s, i in enumerate(order) if s != i]
+        n = max(self.owners[order[s]].length for s in moved)
+        to, source = (torch.tensor(x, device=self.device) for x in (moved, [order[s] for s in moved]))
+        for store in (*self.keys.values(), *self.values.values()):
+            held = store[:, :, :n]
+            held.index_copy_(0, to, held.index_select(0, source))
+        self.owners = [self.owners[i] for i in order]
+        for s, owner in enumerate(self.owners):
+            owner.slot = s
+        self.sorts += 1
 
     def put(self, slot: int, layers: list[tuple[torch.Tensor, torch.Tensor]], n: int) -> None:
         """Copy the first n keys and values of a one-row cache (a kept shared prefix) into a slot."""
@@ -210,20 +233,14 @@ class Layout:
         self.slot_of = torch.tensor([s for s, _ in self.tokens], device=device)
         self.position_of = torch.tensor([p for _, p in self.tokens], device=device)
         self.decoding = len(decode)
-        # Decode tokens attend in one batched call over slots 0..used-1: a slot that does not run
-        # gets a zero query whose answer is dropped (it costs its share of attention, no copy).
         slots = [s for s, _ in decode]
-        self.every_slot = slots == list(range(self.used))  # then no query needs placing
-        self.decode_slots = torch.tensor(slots, device=device)
-        lengths = list(lengths)
+        assert slots == sorted(slots), "decode tokens come in slot order"
+        self.every_slot = slots == list(range(self.used))
+        lengths, reads = list(lengths), [0] * self.used
         for s, p in decode:
-            lengths[s] = p + 1
-        self.longest = max((p + 1 for _, p in decode), default=0)
-        seen = [min(max(1, n), self.longest) for n in lengths]  # at least one column: no empty softmax
-        self.mask: torch.Tensor | None = None  # (used, 1, 1, longest) bool; None: every column of every slot
-        if decode and any(n != self.longest for n in seen):
-            columns = torch.arange(self.longest, device=device)
-            self.mask = (columns[None, :] < torch.tensor(seen, device=device)[:, None]).view(self.used, 1, 1, -1)
+            lengths[s] = reads[s] = p + 1
+        # Decode tokens attend in blocks of slots, each to its own longest row (blocks.py).
+        self.blocks = [Block(a, b, top, slots, lengths, device) for a, b, top in cuts(reads, kv.call)[0]]
         # Each piece attends causally to its slot up to its own end: (slot, start, n, offset, mask).
         self.pieces: list[tuple[int, int, int, int, torch.Tensor | None]] = []
         offset = self.decoding
@@ -238,3 +255,22 @@ class Layout:
     def room(self) -> int:
         """Tokens of room the step's slots need."""
         return int(self.position_of.max()) + 1 if self.tokens else 0
+
+
+class Block:
+    """Slots start..end-1 of one step's decode attention, read to `longest` tokens in one call:
+    its decode tokens are first..last-1 of the step's (they come in slot order); a slot among them
+    that does not run gets a zero query whose answer is dropped (`index`: the running ones'
+    places in the block; None when all run). `mask`: (slots, 1, 1, longest) bool, each slot to
+    its own length; None when every slot has them all."""
+
+    def __init__(self, start: int, end: int, longest: int, slots: list[int], lengths: list[int], device: str) -> None:
+        self.start, self.end, self.longest = start, end, longest
+        self.first, self.last = bisect.bisect_left(slots, start), bisect.bisect_left(slots, end)
+        mine = slots[self.first : self.last]
+        self.index = None if mine == list(range(start, end)) else torch.tensor(mine, device=device) - start
+        seen = [min(max(1, n), longest) for n in lengths[start:end]]  # at least one column: no empty softmax
+        self.mask: torch.Tensor | None = None
+        if any(n != longest for n in seen):
+            columns = torch.arange(longest, device=device)
+            self.mask = (columns[None, :] < torch.tensor(seen, device=device)[:, None]).view(end - start, 1, 1, -1)
