@@ -40,7 +40,8 @@ from the peer's QoE at the lowest measured rate at or past twice the lowest). A 
 is "more than" ours over that level. The steady-load check (issue 22 §3): each Poisson load on
 this server against a burst of as many readers at once, in the load's steady window where it is
 long enough (steady_window: `--seconds 150`), else over its whole busy period; with each load,
-the engine's steps (how many, their milliseconds, tokens a step, rows sat out a step). Saves
+the engine's steps (how many, their milliseconds, tokens a step, rows sat out a step, the sorts of
+its slots by length and the milliseconds of their bookkeeping). Saves
 results/qoe.json (and results/qoe-partial.json after each load) and results/qoe.png. Benchmarks are not tests: nothing here asserts. `python
 scripts/bench.py guidellm` runs the field's tool against the same servers.
 
@@ -474,7 +475,8 @@ def run(args, servers: dict, tok) -> dict:
                 print(
                     f"  {'':20s} {'':32s} {e['steps']} steps of {e['step_ms']:.1f} ms (forward {e['forward_ms']:.1f},"
                     f" sampling {e['sampling_ms']:.1f}): {e['tokens_per_step']:.1f} tokens a step,"
-                    f" {e['sat_out_per_step']:.2f} rows sat out a step",
+                    f" {e['sat_out_per_step']:.2f} rows sat out a step, the slots sorted {e['kv_sorts']} times"
+                    f" (kv {e['kv_ms']:.1f} ms a step)",
                     flush=True,
                 )
             if f.get("step_ms"):
@@ -571,6 +573,8 @@ def engine_steps(before: dict | None, after: dict | None) -> dict | None:
         "sampling_ms": 1000 * part["sampling"] / steps,
         "tokens_per_step": (after["tokens_generated"] - before["tokens_generated"]) / steps,
         "sat_out_per_step": (after["rows_skipped"] - before["rows_skipped"]) / steps,
+        "kv_sorts": after.get("kv_sorts", 0) - before.get("kv_sorts", 0),  # blocks.py's sorts of the slots by length
+        "kv_ms": 1000 * part.get("kv", 0.0) / steps,  # the slots' bookkeeping: layouts, growth, sorts
     }
 
 

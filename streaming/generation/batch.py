@@ -166,7 +166,8 @@ class Batch:
         """The stop flags, then one pass: the rows the policy runs and the prompts that join (a
         row whose prompt is all in has its first token from this pass)."""
         self.drop_stopped()
-        self.kv.settle()  # slots sorted by length where it pays (blocks.py), before any slot is read
+        with self.parts.timed("kv"):
+            self.kv.settle()  # slots sorted by length where it pays (blocks.py), before any slot is read
         waiting = sharing.to_prefill(self.joining, self.holders(), self.prefixes) if self.joining else 0
         first = self.joining[0].created if self.joining else None
         plan = self.policy.plan(self.rows, self.clock(), first, self.costs, waiting)
