@@ -6,7 +6,7 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streaming.generation.blocks import GRAIN, MOST_PIECES, Sorter, cuts
+from streaming.generation.blocks import GRAIN, MOST_PIECES, Sorter, cuts, grain_of, pieces_by_rank
 
 
 def cost_of(blocks, reads, call):
@@ -55,5 +55,19 @@ def test_sorted_slots_are_never_sorted_and_a_decayed_order_is_once_the_padding_h
     while (order := s.due(decayed)) is None:
         steps += 1
         assert steps < 1000
-    assert [decayed[i] for i in order] == in_order and steps > 0  # not at once: the copy must pay first
-    assert s.spent == 0.0
+    assert steps > 0 and s.spent == 0.0  # not at once: the copy must pay first
+    assert [s for s, i in enumerate(order) if s != i] == [0, 63]  # the two rows out of their pieces swap
+    assert [decayed[i] for i in order] == in_order
+
+
+@given(st.lists(st.integers(1, 400), min_size=1, max_size=100))
+def test_a_sort_puts_each_row_in_its_piece_by_rank_and_moves_no_row_already_there(lengths):
+    order = pieces_by_rank(lengths)
+    n, grain = len(lengths), grain_of(len(lengths))
+    assert sorted(order) == list(range(n))
+    ranked = sorted(lengths, reverse=True)
+    for a in range(0, n, grain):
+        assert sorted((lengths[i] for i in order[a : a + grain]), reverse=True) == ranked[a : a + grain]
+    ranks = sorted(range(n), key=lambda i: (-lengths[i], i))  # ties: the earlier slot first
+    home = {i: rank // grain for rank, i in enumerate(ranks)}
+    assert all(order[i] == i for i in range(n) if home[i] == i // grain)  # in its piece: not moved

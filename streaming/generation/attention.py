@@ -8,16 +8,16 @@ step's `Layout` there, and `attend` reads the slots through it:
 
 - the decode tokens, in a call for each block of slots (blocks.py: slots of like length, each
   block read to its own longest row): each a query of its own slot, masked to its slot's length
-  (a slot that sits the step out gets a zero query, its answer dropped), the query heads of each
-  key-value head folded into its queries (transformers' pack_gqa, as its SDPA does for one query);
+  (a slot that sits the step out gets a zero query, its answer dropped);
 - each prompt piece, causal over its own slot up to its end (after a kept prefix or earlier
   chunks: an explicit mask, the query heads folded onto their key-value heads, `folded`; a
   whole prompt: SDPA's own causal mask). A row's guessed tokens (speculation.py) are such a
   piece.
 
-Both are torch's SDPA as transformers' `sdpa_attention_forward` calls it, so a request alone
-computes what it does without the engine (the thread engine's arithmetic); a call without a Layout (a prefix's
-prefill, the thread engine, tests) goes to the attention the model had.
+Both are transformers' own `sdpa_attention_forward`, so a request alone computes what it does
+without the engine (the thread engine's arithmetic, to the bit: a lone row's block has no mask,
+as without the engine); a call without a Layout (a prefix's prefill, the thread engine, tests)
+goes to the attention the model had.
 
 Leaves out: sliding-window layers (a model with them is refused: its windows would be ignored).
 """
@@ -29,7 +29,6 @@ import sys
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from streaming.generation.kv import Layout
 
@@ -86,17 +85,14 @@ def attend(
     out = query.new_empty(1, tokens, heads, values.shape[-1])
     groups = getattr(module, "num_key_value_groups", 1)
     if r := layout.decoding:
-        q = query[0, :, :r].transpose(0, 1)  # (r, heads, dim)
+        q = query[0, :, :r].transpose(0, 1).unsqueeze(2)  # (r, heads, 1, dim)
         for b in layout.blocks:
             k, v = keys[b.start : b.end, :, : b.longest], values[b.start : b.end, :, : b.longest]
             mine = q[b.first : b.last]
             if b.index is not None:  # zero queries for the slots that sit out
-                mine = q.new_zeros(b.end - b.start, heads, q.shape[-1]).index_copy_(0, b.index, mine)
-            # transformers' pack_gqa: each key-value head's query heads as its queries, no repeat_kv
-            packed = mine.reshape(mine.shape[0], heads // groups, groups, -1)
-            o = F.scaled_dot_product_attention(packed, k, v, attn_mask=b.mask, scale=scaling)
-            o = o.reshape(mine.shape[0], heads, -1)
-            out[0, b.first : b.last] = o if b.index is None else o.index_select(0, b.index)
+                mine = q.new_zeros(b.end - b.start, *q.shape[1:]).index_copy_(0, b.index, mine)
+            o, _ = sdpa_attention_forward(module, mine, k, v, b.mask, scaling=scaling, is_causal=False)
+            out[0, b.first : b.last] = o[:, 0] if b.index is None else o.index_select(0, b.index)[:, 0]
     for slot, start, n, offset, mask in layout.pieces:
         k, v = keys[slot : slot + 1, :, : start + n], values[slot : slot + 1, :, : start + n]
         q = query[:, :, offset : offset + n]

@@ -11,7 +11,9 @@ read in blocks, each to its own longest row:
   few slots); a block with no row decoding is not read at all;
 - `Sorter`: blocks pay where the slots are in order of length. Rows join at the end (they are the
   shortest) and leave from anywhere (kv.py moves the last slot into the hole), so the order
-  decays, and a sort copies every row that moves. The ski-rental rule: sort once the reads spent
+  decays, and a sort copies every row that moves. Blocks are cut only between pieces of `grain`
+  slots, so a sort puts each row in its piece by rank and moves only the rows in another piece
+  (their order within a piece does not matter). The ski-rental rule: sort once the reads spent
   since the last sort beyond what sorted slots would have read come to what the sort copies
   (never more than twice the best choice made in hindsight).
 
@@ -43,6 +45,11 @@ def call_tokens(device: str) -> float:
     return CALL_TOKENS.get(device.split(":")[0], OTHER_CALL_TOKENS)
 
 
+def grain_of(n: int) -> int:
+    """Slots a piece holds with n slots in use: blocks are cut between pieces."""
+    return max(GRAIN, -(-n // MOST_PIECES))
+
+
 def cuts(reads: list[int], call: float) -> tuple[list[tuple[int, int, int]], float]:
     """Blocks (start, end, longest) over slots 0..n-1, slot i read to `reads[i]` tokens this
     step (0: not read, its row sits the step out or is no decoding row), and what they cost in
@@ -51,7 +58,7 @@ def cuts(reads: list[int], call: float) -> tuple[list[tuple[int, int, int]], flo
     n = len(reads)
     if n == 0:
         return [], 0.0
-    grain = max(GRAIN, -(-n // MOST_PIECES))
+    grain = grain_of(n)
     edges = [*range(0, n, grain), n]
     tops = [max(reads[a:b]) for a, b in itertools.pairwise(edges)]
     best, start = [0.0] + [math.inf] * len(tops), [0] * (len(tops) + 1)
@@ -79,11 +86,13 @@ class Sorter:
         self.spent = 0.0  # token-reads spent since the last sort beyond sorted slots' reads
 
     def due(self, lengths: list[int]) -> list[int] | None:
-        """Called once a step with each slot's tokens: the order to sort the slots into (slot s
-        gets the row now in slot order[s]) once it pays, else None."""
-        if len(lengths) <= GRAIN:  # one block, whatever the order
+        """Called once a step with each slot's tokens: the order to put the slots in (slot s gets
+        the row now in slot order[s]) once it pays, else None. The order puts every row in its
+        piece by rank, longest first, and leaves in place each row that is in its piece."""
+        n = len(lengths)
+        if n <= GRAIN:  # one block, whatever the order
             return None
-        order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+        order = pieces_by_rank(lengths)
         moved = [i for s, i in enumerate(order) if s != i]
         if not moved:
             self.spent = 0.0
@@ -93,3 +102,24 @@ class Sorter:
             return None
         self.spent = 0.0
         return order
+
+
+def pieces_by_rank(lengths: list[int]) -> list[int]:
+    """An order of the slots (slot s gets the row now in slot order[s]) in which each piece of
+    `grain_of(n)` slots holds the rows of its ranks by length, longest first; a row already in
+    its piece keeps its slot, and the others fill the places left, in rank order."""
+    n = len(lengths)
+    grain = grain_of(n)
+    ranked = sorted(range(n), key=lambda i: (-lengths[i], i))
+    piece = [0] * n
+    for rank, i in enumerate(ranked):
+        piece[i] = rank // grain
+    order = [i if piece[i] == i // grain else -1 for i in range(n)]
+    arriving: dict[int, list[int]] = {}
+    for i in ranked:
+        if piece[i] != i // grain:
+            arriving.setdefault(piece[i], []).append(i)
+    for s in range(n):
+        if order[s] < 0:
+            order[s] = arriving[s // grain].pop(0)
+    return order

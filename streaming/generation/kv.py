@@ -77,7 +77,7 @@ class SlotKV:
         self.slots, self.room = FIRST_SLOTS, FIRST_ROOM  # what each layer's tensors hold
         self.layout: Layout | None = None  # the step being run
         self.call = call_tokens(device)  # a block of decode attention's fixed cost (blocks.py)
-        self.sorter, self.sorts = Sorter(self.call), 0
+        self.sorter = Sorter(self.call)
 
     def __len__(self) -> int:
         return len(self.owners)
@@ -106,6 +106,7 @@ class SlotKV:
         if not self.owners:  # an empty batch holds nothing
             self.keys, self.values = {}, {}
             self.slots, self.room = FIRST_SLOTS, FIRST_ROOM
+            self.sorter.spent = 0.0  # (what rows now gone cost says nothing of the next ones)
             return
         longest = max(o.length for o in self.owners)
         slots = self.slots if len(self.owners) * SHRINK > self.slots else max(FIRST_SLOTS, 2 * len(self.owners))
@@ -113,11 +114,12 @@ class SlotKV:
         if (slots, room) != (self.slots, self.room):
             self.resize(slots, room)
 
-    def settle(self) -> None:
-        """Between steps: sort the slots longest first where the sorter says it pays (blocks.py)."""
+    def settle(self) -> bool:
+        """Between steps: sort the slots by length where the sorter says it pays (blocks.py);
+        whether they were."""
         order = self.sorter.due([o.length for o in self.owners])
         if order is None:
-            return
+            return False
         moved = [s for s, i in enumerate(order) if s != i]
         n = max(self.owners[order[s]].length for s in moved)
         to, source = (torch.tensor(x, device=self.device) for x in (moved, [order[s] for s in moved]))
@@ -127,7 +129,7 @@ class SlotKV:
         self.owners = [self.owners[i] for i in order]
         for s, owner in enumerate(self.owners):
             owner.slot = s
-        self.sorts += 1
+        return True
 
     def put(self, slot: int, layers: list[tuple[torch.Tensor, torch.Tensor]], n: int) -> None:
         """Copy the first n keys and values of a one-row cache (a kept shared prefix) into a slot."""
