@@ -362,6 +362,29 @@ class Clock:
         return self.now
 
 
+async def all_at_once(net, prompts, answers, max_batch):
+    """An engine with no thread (fifo): every request queued and admitted at once, then stepped by
+    hand until all have ended; the engine and each request's text."""
+    e = BatchEngine(max_batch=max_batch, model=model_of(net), policy=Fifo(10_000), clock=Clock())
+    jobs = [BatchedJob(e, p, params(i, n)) for i, (p, n) in enumerate(zip(prompts, answers, strict=True))]
+    for job in jobs:
+        job.stats.active.add(job)
+        e.waiting.append(Row(job, 0.0))
+    e.batch.admit(e.max_batch)
+    with torch.inference_mode():
+        while e.batch.rows or e.batch.joining:
+            e.batch.step()
+    return e, [await job_text(j) for j in jobs]
+
+
+async def each_alone(net, prompts, answers):
+    """Each request's text from the thread engine, one after the other."""
+    return [
+        await job_text(ThreadJob(p, params(i, n), model=model_of(net)).start())
+        for i, (p, n) in enumerate(zip(prompts, answers, strict=True))
+    ]
+
+
 def stepped(net, policy, n_jobs, tokens=12):
     """An engine with no thread: n jobs queued, then step() by hand; the fake clock moves 0.2 s a step."""
     clock = Clock()
@@ -626,26 +649,8 @@ def test_rows_whose_slots_are_sorted_mid_answer_keep_the_thread_engines_text(dty
     prompts = [ids(i % 5) + ids(i)[: i % 7] for i in range(14)]  # unlike lengths
     answers = [8 + 5 * (i % 4) for i in range(14)]  # rows leave at unlike times: the last slot moves
 
-    async def run():
-        e = BatchEngine(max_batch=16, model=model_of(net), policy=Fifo(10_000), clock=Clock())
-        jobs = [BatchedJob(e, p, params(i, n)) for i, (p, n) in enumerate(zip(prompts, answers, strict=True))]
-        for job in jobs:
-            job.stats.active.add(job)
-            e.waiting.append(Row(job, 0.0))
-        e.batch.admit(e.max_batch)
-        with torch.inference_mode():
-            while e.batch.rows or e.batch.joining:
-                e.batch.step()
-        return e.batch.sorts, [await job_text(j) for j in jobs]
-
-    async def each_alone():
-        return [
-            await job_text(ThreadJob(p, params(i, n), model=model_of(net)).start())
-            for i, (p, n) in enumerate(zip(prompts, answers, strict=True))
-        ]
-
-    sorts, texts = asyncio.run(run())
-    assert sorts >= 2 and texts == asyncio.run(each_alone())
+    e, texts = asyncio.run(all_at_once(net, prompts, answers, max_batch=16))
+    assert e.batch.sorts >= 2 and texts == asyncio.run(each_alone(net, prompts, answers))
 
 
 def test_the_room_grows_for_a_long_row_and_keeps_what_the_slots_hold():
@@ -750,25 +755,10 @@ def test_a_shared_beginning_is_prefilled_once_and_the_texts_stay_those_of_each_a
     net = ExactModel(lm.load_tokenizer()).to(dtype)
     prompts = [lm.tok(SHARED + p).input_ids for p in PROMPTS]
 
-    async def run():
-        e = BatchEngine(max_batch=8, model=model_of(net), policy=Fifo(10_000), clock=Clock())
-        jobs = [BatchedJob(e, p, params(i, 12)) for i, p in enumerate(prompts)]
-        for job in jobs:
-            job.stats.active.add(job)
-            e.waiting.append(Row(job, 0.0))
-        e.batch.admit(e.max_batch)
-        with torch.inference_mode():
-            while e.batch.rows or e.batch.joining:
-                e.batch.step()
-        return e, [await job_text(j) for j in jobs]
-
-    async def each_alone():
-        return [await job_text(ThreadJob(p, params(i, 12), model=model_of(net)).start()) for i, p in enumerate(prompts)]
-
-    e, texts = asyncio.run(run())
+    e, texts = asyncio.run(all_at_once(net, prompts, [12] * len(prompts), max_batch=8))
     assert e.batch.prefixes.hits == len(prompts) and len(e.batch.prefixes.known) == 1
     assert len(next(iter(e.batch.prefixes.known))[1]) >= PREFIX_MIN
-    assert texts == asyncio.run(each_alone())
+    assert texts == asyncio.run(each_alone(net, prompts, [12] * len(prompts)))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
