@@ -131,7 +131,7 @@ class Batch:
         self.forward_by: str | None = None  # the pass the last step took (decoder.py; --forward)
         # (under the lock) tokens sampled, row-steps sat out, prompt tokens copied from another row's
         # slot instead of computed, guessed tokens fed and kept (speculation.py)
-        self.tokens = self.skipped = self.shared = self.guessed = self.guesses_kept = self.sorts = 0
+        self.tokens = self.skipped = self.shared = self.guessed = self.guesses_kept = 0
 
     def __len__(self) -> int:
         """Requests that hold a place: in the batch or being prefilled."""
@@ -158,8 +158,8 @@ class Batch:
         """A step failed: every request in it fails, the batch starts empty (the engine goes on)."""
         for row in list(self.rows) + list(self.joining):
             row.end(error=error)
-            row.slot = None
-        self.rows, self.kv = [], SlotKV(self.device)
+        self.rows = []
+        self.kv.clear()  # every slot freed
         self.joining.clear()
 
     def step(self) -> None:
@@ -167,9 +167,7 @@ class Batch:
         row whose prompt is all in has its first token from this pass)."""
         self.drop_stopped()
         with self.parts.timed("kv"):
-            if self.kv.settle():  # slots sorted by length where it pays (blocks.py), before any slot is read
-                with self.lock:
-                    self.sorts += 1
+            self.kv.settle()  # slots sorted by length where it pays (blocks.py), before any slot is read
         waiting = sharing.to_prefill(self.joining, self.holders(), self.prefixes) if self.joining else 0
         first = self.joining[0].created if self.joining else None
         plan = self.policy.plan(self.rows, self.clock(), first, self.costs, waiting)

@@ -153,7 +153,7 @@ class BatchEngine:
                 "steps": self.steps,
                 "tokens_generated": b.tokens,
                 "rows_skipped": b.skipped,  # row-steps the qoe policy sat out
-                "kv_sorts": b.sorts,  # the slots sorted by length (blocks.py)
+                "kv_sorts": b.kv.sorts,  # the slots sorted by length (blocks.py)
                 "prefix_hits": b.prefixes.hits,  # prompts prefilled after a kept shared beginning
                 "prompt_tokens_shared": b.shared,  # copied from a row in the batch with the same beginning
                 "retained_hits": b.prefixes.retained_hits,  # prompts begun from an ended row's keys (prefixes.py)

@@ -77,7 +77,7 @@ class SlotKV:
         self.slots, self.room = FIRST_SLOTS, FIRST_ROOM  # what each layer's tensors hold
         self.layout: Layout | None = None  # the step being run
         self.call = call_tokens(device)  # a block of decode attention's fixed cost (blocks.py)
-        self.sorter = Sorter(self.call)
+        self.sorter, self.sorts = Sorter(self.call), 0  # sorts: how many, for /metrics.json
 
     def __len__(self) -> int:
         return len(self.owners)
@@ -103,10 +103,8 @@ class SlotKV:
             assert i is not None and last.slot is not None
             self.copy(last.slot, i, last.length)
             self.owners[i], last.slot = last, i
-        if not self.owners:  # an empty batch holds nothing
-            self.keys, self.values = {}, {}
-            self.slots, self.room = FIRST_SLOTS, FIRST_ROOM
-            self.sorter.spent = 0.0  # (what rows now gone cost says nothing of the next ones)
+        if not self.owners:
+            self.clear()
             return
         longest = max(o.length for o in self.owners)
         slots = self.slots if len(self.owners) * SHRINK > self.slots else max(FIRST_SLOTS, 2 * len(self.owners))
@@ -114,12 +112,21 @@ class SlotKV:
         if (slots, room) != (self.slots, self.room):
             self.resize(slots, room)
 
-    def settle(self) -> bool:
-        """Between steps: sort the slots by length where the sorter says it pays (blocks.py);
-        whether they were."""
+    def clear(self) -> None:
+        """Every row gone (the last has left, or a failed step ended them all): their slots freed,
+        an empty batch holds nothing, and what rows now gone cost the sorter says nothing of the
+        next ones."""
+        for owner in self.owners:
+            owner.slot = None
+        self.owners, self.keys, self.values = [], {}, {}
+        self.slots, self.room, self.layout = FIRST_SLOTS, FIRST_ROOM, None  # (a failed step's layout too)
+        self.sorter.spent = 0.0
+
+    def settle(self) -> None:
+        """Between steps: sort the slots by length where the sorter says it pays (blocks.py)."""
         order = self.sorter.due([o.length for o in self.owners])
         if order is None:
-            return False
+            return
         moved = [s for s, i in enumerate(order) if s != i]
         n = max(self.owners[order[s]].length for s in moved)
         to, source = (torch.tensor(x, device=self.device) for x in (moved, [order[s] for s in moved]))
@@ -129,7 +136,7 @@ class SlotKV:
         self.owners = [self.owners[i] for i in order]
         for s, owner in enumerate(self.owners):
             owner.slot = s
-        return True
+        self.sorts += 1
 
     def put(self, slot: int, layers: list[tuple[torch.Tensor, torch.Tensor]], n: int) -> None:
         """Copy the first n keys and values of a one-row cache (a kept shared prefix) into a slot."""
