@@ -557,6 +557,43 @@ def test_sorting_the_slots_moves_each_rows_keys_with_it_and_only_the_rows_out_of
     assert torch.equal(b.keys[0][1:5], untouched)
 
 
+def decode_in_slots(net, prompts, call=1e12, sitting_out=None, fed=None):
+    """Each prompt alone into a slot of its own, then one decode step of every row but the one in
+    slot `sitting_out` (row i fed fed[i], by default 100 + i), at a block call cost of `call`
+    (blocks.py): the step's logits (a row each) and its Layout."""
+    fed = fed or [100 + i for i in range(len(prompts))]
+    b = kv.SlotKV("cpu")
+    b.call = call
+    holders = [Holder() for _ in prompts]
+    with torch.inference_mode():
+        for h, p in zip(holders, prompts, strict=True):
+            b.take(h)
+            layout = kv.Layout(b, [], [(h.slot, 0, len(p))], [o.length for o in b.owners])
+            b.fit(len(b), layout.room())
+            b.layout = layout
+            net(
+                input_ids=torch.tensor([p]),
+                position_ids=torch.tensor([list(range(len(p)))]),
+                attention_mask={"full_attention": layout},
+                **step_kwargs(net, b, torch.tensor([len(p) - 1])),
+            )
+            h.length = len(p)
+        run = [h for h in holders if h.slot != sitting_out]
+        layout = kv.Layout(b, [(h.slot, h.length) for h in run], [], [o.length for o in b.owners])
+        b.fit(len(b), layout.room())
+        b.layout = layout
+        logits = net(
+            input_ids=torch.tensor([[fed[h.slot] for h in run]]),
+            position_ids=torch.tensor([[h.length for h in run]]),
+            attention_mask={"full_attention": layout},
+            **step_kwargs(net, b, torch.arange(len(run))),
+        ).logits[0]
+    return logits, layout
+
+
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 0.05}  # of the logits' largest magnitude: another pass's shape
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_decode_attention_in_blocks_gives_what_one_block_over_every_slot_gives(dtype):
     """Rows of unlike lengths, one decode step: read in blocks, each to its own longest (cheap
@@ -565,42 +602,29 @@ def test_decode_attention_in_blocks_gives_what_one_block_over_every_slot_gives(d
     attention.install(net)
     text = lm.tok(" ".join(PROMPTS * 3)).input_ids
     prompts = [text[i : 2 + 4 * i] for i in range(12)]  # 2 to 35 tokens
-
-    def decode(call, sitting_out):
-        b = kv.SlotKV("cpu")
-        b.call = call
-        holders = [Holder() for _ in prompts]
-        with torch.inference_mode():
-            for h, p in zip(holders, prompts, strict=True):  # each prompt alone into its slot
-                b.take(h)
-                layout = kv.Layout(b, [], [(h.slot, 0, len(p))], [o.length for o in b.owners])
-                b.fit(len(b), layout.room())
-                b.layout = layout
-                net(
-                    input_ids=torch.tensor([p]),
-                    position_ids=torch.tensor([list(range(len(p)))]),
-                    attention_mask={"full_attention": layout},
-                    **step_kwargs(net, b, torch.tensor([len(p) - 1])),
-                )
-                h.length = len(p)
-            run = [h for h in holders if h.slot != sitting_out]
-            layout = kv.Layout(b, [(h.slot, h.length) for h in run], [], [o.length for o in b.owners])
-            b.fit(len(b), layout.room())
-            b.layout = layout
-            logits = net(
-                input_ids=torch.tensor([[100 + h.slot for h in run]]),
-                position_ids=torch.tensor([[h.length for h in run]]),
-                attention_mask={"full_attention": layout},
-                **step_kwargs(net, b, torch.arange(len(run))),
-            ).logits[0]
-        return logits, len(layout.blocks)
-
     for sitting_out in (None, 5):
-        one, n = decode(1e12, sitting_out)
-        blocked, m = decode(0.0, sitting_out)
-        assert n == 1 and m == len(prompts) // 4  # a block every GRAIN slots
+        one, layout = decode_in_slots(net, prompts, 1e12, sitting_out)
+        blocked, cut = decode_in_slots(net, prompts, 0.0, sitting_out)
+        assert len(layout.blocks) == 1 and len(cut.blocks) == len(prompts) // 4  # a block every GRAIN slots
         scale = float(one.abs().max())
-        assert float((one - blocked).abs().max()) <= {torch.float32: 1e-4, torch.bfloat16: 0.05}[dtype] * scale
+        assert float((one - blocked).abs().max()) <= TOLERANCE[dtype] * scale
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rows_of_one_length_decode_folded_as_each_would_alone(dtype):
+    """Rows of one length need no mask, and their block is read with the query heads folded onto
+    their key-value heads (attention.folded, not transformers' enable_gqa): each row's logits are
+    what it gets alone in the engine (transformers' own call), within a pass's tolerance."""
+    net = tiny_model(lm.load_tokenizer()).to(dtype).eval()
+    attention.install(net)
+    text = lm.tok(" ".join(PROMPTS * 3)).input_ids
+    prompts = [text[9 * i : 9 * i + 9] for i in range(6)]  # six prompts of 9 tokens
+    together, layout = decode_in_slots(net, prompts)
+    assert [(b.start, b.end, b.mask) for b in layout.blocks] == [(0, 6, None)]
+    scale = float(together.abs().max())
+    for i, p in enumerate(prompts):
+        alone, _ = decode_in_slots(net, [p], fed=[100 + i])
+        assert float((together[i] - alone[0]).abs().max()) <= TOLERANCE[dtype] * scale
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

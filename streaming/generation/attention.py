@@ -8,13 +8,14 @@ step's `Layout` there, and `attend` reads the slots through it:
 
 - the decode tokens, in a call for each block of slots (blocks.py: slots of like length, each
   block read to its own longest row): each a query of its own slot, masked to its slot's length
-  (a slot that sits the step out gets a zero query, its answer dropped);
+  (a slot that sits the step out gets a zero query, its answer dropped); a block of several rows
+  of one length needs no mask and is `folded` too;
 - each prompt piece, causal over its own slot up to its end (after a kept prefix or earlier
   chunks: an explicit mask, the query heads folded onto their key-value heads, `folded`; a
   whole prompt: SDPA's own causal mask). A row's guessed tokens (speculation.py) are such a
   piece.
 
-Both are transformers' own `sdpa_attention_forward`, so a request alone computes what it does
+The rest are transformers' own `sdpa_attention_forward`, so a request alone computes what it does
 without the engine (the thread engine's arithmetic, to the bit: a lone row's block has no mask,
 as without the engine); a call without a Layout (a prefix's prefill, the thread engine, tests)
 goes to the attention the model had.
@@ -91,7 +92,10 @@ def attend(
             mine = q[b.first : b.last]
             if b.index is not None:  # zero queries for the slots that sit out
                 mine = q.new_zeros(b.end - b.start, *q.shape[1:]).index_copy_(0, b.index, mine)
-            o, _ = sdpa_attention_forward(module, mine, k, v, b.mask, scaling=scaling, is_causal=False)
+            if b.mask is None and groups > 1 and b.end - b.start > 1:  # rows of one length: see folded
+                o = folded(mine, k, v, None, groups, scaling)
+            else:
+                o, _ = sdpa_attention_forward(module, mine, k, v, b.mask, scaling=scaling, is_causal=False)
             out[0, b.first : b.last] = o[:, 0] if b.index is None else o.index_select(0, b.index)[:, 0]
     for slot, start, n, offset, mask in layout.pieces:
         k, v = keys[slot : slot + 1, :, : start + n], values[slot : slot + 1, :, : start + n]
@@ -105,15 +109,27 @@ def attend(
 
 
 def folded(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, groups: int, scaling: float | None
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    groups: int,
+    scaling: float | None,
 ) -> torch.Tensor:
-    """A piece's attention after earlier tokens (an explicit mask), each key-value head's query
-    heads folded into its queries (transformers' pack_gqa, which it does for one query only):
-    given a mask, transformers' SDPA copies every key and value `groups` times first (repeat_kv:
-    4.8 ms of a 69 ms step with 4 guessed tokens, the bundled model on the AVX2 kind). Returns
-    (1, n, heads, dim), as sdpa_attention_forward does."""
+    """Attention with each key-value head's query heads folded into its queries (transformers'
+    pack_gqa, which it does for one query under a mask only), so each key is read once for all
+    the heads that share it:
+    - a piece after earlier tokens (an explicit mask): given a mask, transformers' SDPA copies
+      every key and value `groups` times first (repeat_kv: 4.8 ms of a 69 ms step with 4 guessed
+      tokens, the bundled model on the AVX2 kind);
+    - a block of decode rows of one length (no mask): transformers' SDPA asks for `enable_gqa`,
+      which reads each key once per query head (64 rows of 209 tokens, the bundled model's 24
+      layers: 16.9 ms against 10.1 folded, the AMX Xeon). A row alone keeps transformers' own
+      call: its arithmetic is the model's without the engine, to the bit (folded moves float32's
+      last bits).
+    Returns (b, n, heads, dim), as sdpa_attention_forward does."""
     b, heads, n, dim = query.shape
     q = query.reshape(b, heads // groups, groups * n, dim)  # head h is key-value head h // groups
-    rows = mask.expand(b, 1, n, mask.shape[-1]).repeat(1, 1, groups, 1)  # query j * n + i: row i
+    rows = None if mask is None else mask.expand(b, 1, n, mask.shape[-1]).repeat(1, 1, groups, 1)  # query j*n+i: row i
     o = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=rows, scale=scaling)
     return o.reshape(b, heads, n, dim).transpose(1, 2)
