@@ -150,3 +150,11 @@ def test_the_top_k_found_in_pieces_is_torchs(k):
     assert all(len(set(r)) == k for r in indices.tolist())
     odd = rows[:, :20001]  # not a whole number of pieces
     assert torch.equal(top(odd, k)[1], torch.topk(odd, k).indices)
+
+
+def test_choose_batch_leaves_the_callers_logits_as_they_were():
+    """The temperature divides a copy: float32 logits (which need no conversion) are not touched."""
+    logits = torch.randn(3, 500, generator=torch.Generator().manual_seed(1))
+    before = logits.clone()
+    choose_batch(logits, [Draws(i) for i in range(3)], [0.7, 1.3, 0], [0.9, 1.0, 0.9])
+    assert torch.equal(logits, before)

@@ -154,7 +154,9 @@ def choose_batch(
         return out
     rows = logits if len(sampled) == len(draws) else logits[sampled]
     temps = torch.tensor([temperatures[i] for i in sampled], device=logits.device).unsqueeze(1)
-    probs = torch.softmax(rows.to(torch.float32) / temps, dim=-1)
+    # divided in place, in a copy (float32 logits too: never the caller's): the same arithmetic, one
+    # 4.9 MB buffer fewer for 8 rows (64 bfloat16 rows' softmax: 5.8 -> 5.1 ms here)
+    probs = torch.softmax(rows.to(torch.float32, copy=True).div_(temps), dim=-1)
     whole = [r for r, i in enumerate(sampled) if top_ps[i] >= 1]
     if whole:  # the nucleus is every token: no order needed
         picked = pick_any(probs if len(whole) == len(sampled) else probs[whole], [us[sampled[r]] for r in whole])
