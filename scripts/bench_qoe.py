@@ -518,11 +518,11 @@ def steady(servers: dict, out: dict, tok, limit: float | None = None) -> None:
                 runs = burst_of(s, out[name], n, tok, limit)
                 if runs:
                     burst = sum(runs) / len(runs)
-                    ratios[part] = (tokens, readers, n, runs, tokens / burst)
+                    ratios[part] = (tokens, readers, n, runs, burst, tokens / burst)
             f["busy_ratio"] = ratios["busy"][-1] if "busy" in ratios else None
             judged = "window" if "window" in ratios else "busy"
             f["steady_ratio"] = ratios[judged][-1] if judged in ratios else None
-            for part, (tokens, readers, n, runs, ratio) in ratios.items():
+            for part, (tokens, readers, n, runs, burst, ratio) in ratios.items():
                 where = (
                     f"its steady window ({win['to_s'] - win['from_s']:.0f} s)"
                     if part == "window"
@@ -532,7 +532,7 @@ def steady(servers: dict, out: dict, tok, limit: float | None = None) -> None:
                 print(
                     f"  steady {key.split()[1]}/s, {name}, {where}: {tokens:.1f} tokens/s with {readers:.1f} readers"
                     f" at once; a burst of {n}: {', '.join(f'{x:.1f}' for x in runs)} tokens/s"
-                    f" (mean {sum(runs) / len(runs):.1f}) -> {ratio:.2f}x ({judge})",
+                    f" (mean {burst:.1f}) -> {ratio:.2f}x ({judge})",
                     flush=True,
                 )
 
