@@ -17,7 +17,7 @@ import threading
 
 import pytest
 import torch
-from helpers import ServerProcess, http, metrics, model_of
+from helpers import TOLERANCE, ServerProcess, http, metrics, model_of
 
 import lm
 import server
@@ -45,9 +45,6 @@ PROMPTS = [
     "x y z",
 ]
 DTYPES = [torch.float32, torch.bfloat16]
-# A row's logits in a batch against alone, tiny model, logits of magnitude ~20 (measured on an
-# AVX-512 BF16 EPYC: float32 differed by 9e-5, bfloat16 by 0.25, two units in its last place).
-TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 0.05}  # times the largest logit's magnitude
 
 
 def params(i, n=20, greedy=None):

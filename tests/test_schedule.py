@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from helpers import ROOT, ServerProcess, http, job_text, metrics, model_of, stream_texts
+from helpers import ROOT, TOLERANCE, ServerProcess, http, job_text, metrics, model_of, stream_texts
 
 import lm
 from streaming.generation import attention, blocks, kv
@@ -591,9 +591,6 @@ def decode_in_slots(net, prompts, call=1e12, sitting_out=None, fed=None):
     return logits, layout
 
 
-TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 0.05}  # of the logits' largest magnitude: another pass's shape
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_decode_attention_in_blocks_gives_what_one_block_over_every_slot_gives(dtype):
     """Rows of unlike lengths, one decode step: read in blocks, each to its own longest (cheap
@@ -768,7 +765,7 @@ def test_prompts_joining_in_one_pass_with_a_decoding_row_give_each_prompts_logit
         plain = [net(input_ids=torch.tensor([p]), logits_to_keep=1).logits[0, -1] for p in prompts]  # no engine
     scale = max(float(x.abs().max()) for x in each)
     worst = max(float((together[i] - each[i]).abs().max()) for i in range(len(prompts)))
-    assert worst <= {torch.float32: 1e-4, torch.bfloat16: 0.05}[dtype] * scale  # as test_engine's TOLERANCE
+    assert worst <= TOLERANCE[dtype] * scale
     assert all(torch.equal(a, b) for a, b in zip(each, plain, strict=True))  # alone: the model's own arithmetic
 
 
@@ -799,7 +796,7 @@ def test_a_prefill_after_a_kept_prefix_gives_the_logits_of_a_whole_one_within_th
     assert prefixes.hits == len(prompts)
     scale = max(float(x.abs().max()) for x in whole)
     worst = max(float((after[i] - whole[i]).abs().max()) for i in range(len(prompts)))
-    assert worst <= {torch.float32: 1e-4, torch.bfloat16: 0.05}[dtype] * scale
+    assert worst <= TOLERANCE[dtype] * scale
 
 
 # --- the quantized kernels ----------------------------------------------------------------------
