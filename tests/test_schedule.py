@@ -115,13 +115,33 @@ def test_step_costs_say_how_many_rows_ride_along_for_next_to_nothing():
 
 def test_qoe_lets_rows_far_ahead_ride_along_where_the_step_costs_next_to_nothing():
     costs = StepCosts(weight=1.0)
-    for n, seconds in ((1, 0.100), (2, 0.150), (4, 0.105)):
+    for n, seconds in ((1, 0.100), (2, 0.150), (4, 0.105), (8, 0.250)):
         costs.record(n, seconds)
     rows = [Fake(delivered=d, last_at=19.9) for d in (300, 85, 250, 200, 280)]
     q = Qoe(min_batch=1)
     assert q.plan(rows, now=20.0).run == [1]  # without costs: the urgent one alone
-    assert q.plan(rows, now=20.0, costs=costs).run == [1, 3, 2, 4]  # a step of 4 costs one of 1
+    assert q.plan(rows, now=20.0, costs=costs).run == [1, 3, 2, 4]  # a step of 4 costs one of 1, of 5 much more
     assert Qoe(min_batch=1, conserving=False).plan(rows, now=20.0, costs=costs).run == [1]
+
+
+def test_qoe_lets_every_row_ride_where_a_step_of_all_of_them_was_not_measured_lately():
+    """A burst of 8 after a lone reader (only a step of 1 measured): its first decode step, the
+    four asked first about to wait, the four asked later a little ahead. A step of 8 rows has not
+    been measured, so nothing says the four ahead cost the others anything: all 8 run, and the
+    step is measured (before, the four ahead sat out, on a step of 8 costing about what one of 4
+    does). Measured dear lately, the rows ahead sit out again; a prompt waiting to join: they sit
+    out too, as its first text needs the step (joiners_can_wait)."""
+
+    def burst(now):  # slack 0.87 s for the first four, 1.12 s for the others
+        return [Fake(created=now - t, delivered=1, last_at=now - 0.01) for t in (0.35,) * 4 + (0.1,) * 4]
+
+    lone = StepCosts()
+    lone.record(1, 0.061, 9.0)
+    assert Qoe().plan(burst(10.0), 10.0, costs=lone).run == list(range(8))
+    assert len(Qoe().plan(burst(10.0), 10.0, joining=9.99, costs=lone, waiting=60).run) == 4
+    lone.record(8, 0.4, 10.0)  # the step of 8, measured: far past FULL_PACE (0.18 s)
+    assert Qoe().plan(burst(10.0), 10.0, costs=lone).run == [0, 1, 2, 3]
+    assert Qoe().plan(burst(21.0), 21.0, costs=lone).run == list(range(8))  # ten seconds on: measured again
 
 
 def test_prefill_group_takes_whole_prompts_in_order_within_the_budget():

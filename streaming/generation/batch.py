@@ -298,14 +298,20 @@ class Batch:
             if gone and self.joining:  # prompts waiting on a row that leaves copy from it first
                 for row, donor, share in sharing.inherit(gone, self.joining, self.holders(), self.prefixes):
                     self.start(row, donor, share)
-            budget = RETAIN_STEP
-            for r in gone:
-                assert r.slot is not None
-                if r.length <= budget:  # a next turn's beginning, within a step's copying
-                    budget -= r.length
-                    self.prefixes.retain(r.lookup.ids[: r.length], self.kv, r.slot, r.salt)
-                self.kv.release(r)
+            retire(gone, self.kv, self.prefixes)
         self.rows = [r for r in self.rows if not r.done]
+
+
+def retire(gone: list[Row], kv: SlotKV, prefixes: Prefixes) -> None:
+    """The finished rows' slots go back; those that fit in RETAIN_STEP tokens in all (a step's
+    copying), in order, are kept first as beginnings a next turn may copy (prefixes.py)."""
+    budget = RETAIN_STEP
+    for r in gone:
+        assert r.slot is not None
+        if r.length <= budget:
+            budget -= r.length
+            prefixes.retain(r.lookup.ids[: r.length], kv, r.slot, r.salt)
+        kv.release(r)
 
 
 def guess(run: list[Row], most: int, odds: Odds) -> None:
