@@ -78,3 +78,18 @@ def test_the_benchmarks_steady_window_leaves_out_the_ramp_and_the_drain():
     assert w["tokens_per_s"] == pytest.approx(70 / 35)
     assert w["readers_at_once"] == pytest.approx(70 / 35)  # 5 + 5 x 10 + 10 + 5 reader-seconds
     assert 35 >= MIN_WINDOW > 15 and window(range(0, 30, 5)) is None  # 10-25 s: too short
+
+
+def test_the_benchmarks_burst_at_a_fractional_count_of_readers_lies_between_its_neighbours():
+    """scripts/bench_qoe.py compares a steady load of 8.7 readers at once with the bursts of 8 and
+    9 joined by a straight line, not with the burst of 9 alone (which took a reader's share off
+    the ratio: 0.88x where each reader of both bursts got the same tokens a second)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "scripts"))
+    from bench_qoe import at_readers
+
+    assert at_readers({8: 104.0, 9: 117.0}, 8.7) == pytest.approx(104.0 + 0.7 * 13.0)
+    assert at_readers({12: 144.0}, 12.0) == 144.0  # a whole count: its own burst
+    assert 103.2 / at_readers({8: 104.0, 9: 117.3}, 8.7) == pytest.approx(0.91, abs=0.005)
