@@ -39,7 +39,7 @@ from the peer's QoE at the lowest measured rate at or past twice the lowest). A 
 0 (no rate held, no burst served) is read as a bound: below the lowest level measured, so the ratio
 is "more than" ours over that level. The steady-load check (issue 22 §3): each Poisson load on
 this server against a burst of as many readers at once (the bursts of the whole counts on either
-side of its mean count, each run STEADY_BURSTS times, their means joined by a straight line the
+side of its mean count, each run STEADY_BURSTS times, their means joined by a straight line, the
 judge), in the load's steady window where it is long enough (steady_window: `--seconds 150`),
 else over its whole busy period; with each load,
 the engine's steps (how many, their milliseconds, tokens a step, rows sat out a step, the sorts of
@@ -123,6 +123,9 @@ GOALS = [
 # the lowest one measured, so a ratio to it is at least ours over that (QoE falling with load).
 BELOW = {"sustainable_rate": "sustainable_below", "readers_served": "served_below"}
 OVERLOAD_QOE = 1.5  # at twice the peer's sustainable rate: mean QoE at least this x the peer's (and half at 0.95)
+# A steady load's readers at once within this of a whole count are set against that count's burst
+# alone: the other side's would weigh at most 5% (and cost two more bursts for it).
+WHOLE = 0.05
 STEADY_GOAL = 0.9  # steady Poisson load: at least 90% of the tokens/s a burst of as many readers gets (§3)
 MIN_WINDOW = 20.0  # seconds of steady state (steady_window) for its own figures: fewer are noise
 # The burst a steady load is set against, run this many times, their mean the judge: one burst's
@@ -515,9 +518,11 @@ def steady(servers: dict, out: dict, tok, limit: float | None = None) -> None:
                 parts.append(("window", win["readers_at_once"], win["tokens_per_s"]))
             ratios = {}
             for part, readers, tokens in parts:
-                if readers < 2 or not tokens:
+                if readers < 1 or not tokens:
                     continue
-                ns = sorted({math.floor(readers), math.ceil(readers)})  # the bursts on either side
+                # the bursts on either side (within WHOLE of a whole count: that count's alone)
+                near = round(readers)
+                ns = [near] if abs(readers - near) < WHOLE else [math.floor(readers), math.ceil(readers)]
                 runs = {n: burst_of(s, out[name], n, tok, limit) for n in ns}
                 if all(runs.values()):
                     means = {n: sum(r) / len(r) for n, r in runs.items()}  # type: ignore[arg-type]

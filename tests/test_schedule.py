@@ -130,7 +130,8 @@ def test_qoe_lets_every_row_ride_where_a_step_of_all_of_them_was_not_measured_la
     been measured, so nothing says the four ahead cost the others anything: all 8 run, and the
     step is measured (before, the four ahead sat out, on a step of 8 costing about what one of 4
     does). Measured dear lately, the rows ahead sit out again; a prompt waiting to join: they sit
-    out too, as its first text needs the step (joiners_can_wait)."""
+    out too, as its first text needs the step (joiners_can_wait); readerless rows (orphans) stay
+    in the spare places."""
 
     def burst(now):  # slack 0.87 s for the first four, 1.12 s for the others
         return [Fake(created=now - t, delivered=1, last_at=now - 0.01) for t in (0.35,) * 4 + (0.1,) * 4]
@@ -139,6 +140,13 @@ def test_qoe_lets_every_row_ride_where_a_step_of_all_of_them_was_not_measured_la
     lone.record(1, 0.061, 9.0)
     assert Qoe().plan(burst(10.0), 10.0, costs=lone).run == list(range(8))
     assert len(Qoe().plan(burst(10.0), 10.0, joining=9.99, costs=lone, waiting=60).run) == 4
+    lone.record(8, 0.3, -5.0)  # long ago: the joiners' first text comes in time with all 8 (0.38 s)
+    assert Qoe().joiners_can_wait(9.99, 60, 8, 10.0, lone)
+    assert len(Qoe().plan(burst(10.0), 10.0, joining=9.99, costs=lone, waiting=60).run) == 4  # not learned then
+    orphans = burst(10.0)
+    for row in orphans[6:]:
+        row.orphaned = True
+    assert sorted(Qoe().plan(orphans, 10.0, costs=lone).run) == list(range(6))  # every reader, not the orphans
     lone.record(8, 0.4, 10.0)  # the step of 8, measured: far past FULL_PACE (0.18 s)
     assert Qoe().plan(burst(10.0), 10.0, costs=lone).run == [0, 1, 2, 3]
     assert Qoe().plan(burst(21.0), 21.0, costs=lone).run == list(range(8))  # ten seconds on: measured again

@@ -25,10 +25,12 @@ helps nobody. For a reader about to wait, the rows ahead ride along too while th
 every reader in it at KEEP_PACE x R (the urgent one still gains text; nobody's tokens are left for
 later without need), and every row rides where a step of all of them keeps every reader at
 FULL_PACE x R (a large batch that still outpaces its readers: sitting rows out would only move
-their tokens later and cost tokens a second), or where no such step was measured lately and no
-prompt waits to join (it is learned: in a burst of 8 after a lone reader, half of them about to
-wait, the half ahead sat out for want of a measured step of 8, which costs 72 ms here against 67
-for one of 4); in a step that prompts join, too, where they get
+their tokens later and cost tokens a second); and every reader's row rides where no step of that
+many rows (its band of StepCosts) was measured lately and no prompt waits to join: its cost is
+learned (in a burst of 8 after a lone reader, half of them about to wait, the half ahead sat out
+for want of a measured step of 8, which costs 72 ms here against 67 for one of 4; orphans stay in
+the spare places, and a batch small enough to carry guessed tokens, whose steps are not recorded,
+keeps the rule before); in a step that prompts join, too, where they get
 their first text in time with every row riding (`joiners_can_wait`). And where a kernel works in
 blocks of rows (the costs, kept for each row count, jump past a block), a decode step runs the
 rows that fill whole blocks and the rest in turn (`cheapest`): 7 rows on the AVX2 kind's fp16
@@ -270,8 +272,11 @@ class Qoe:
                 # or that keep every reader in the step at KEEP_PACE x R; or all, at FULL_PACE x R
                 free = max(free, costs.most_within(1 / (self.rate * KEEP_PACE), len(rows)))
                 whole = costs.recent(len(rows), now)
-                if whole is None and joining is None or whole is not None and whole <= 1 / (self.rate * FULL_PACE):
-                    free = len(rows)  # not measured lately (and no prompt waits on the step): it is learned
+                if whole is not None and whole <= 1 / (self.rate * FULL_PACE):
+                    free = len(rows)
+                readers = sum(not r.orphaned for r in rows)
+                if joining is None and readers > self.speculate and costs.recent(readers, now) is None:
+                    free = max(free, readers)  # a step of every reader, not measured lately: it is learned
             run += [i for i in rest if i not in run][: max(0, free - len(run))]
         if joining is None and costs is not None:  # a kernel's block of rows: the last few may wait a step
             run = self.cheapest(run, len(starving), costs, now)
