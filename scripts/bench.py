@@ -401,7 +401,7 @@ def profile(args):
     import torch
 
     import lm
-    from streaming.model import kernels
+    from streaming.model import judging, kernels
 
     lm.configure(model=args.model, device=args.device, dtype=args.dtype, kernels="measure")
     m = lm.model()
@@ -419,8 +419,8 @@ def profile(args):
         cache (a drift of the machine, or a first touch of memory, falls on both alike)."""
         c = batch_cache(m, ids, b)
         step = functools.partial(decode_step, m, c)
-        median = kernels.medians(
-            {f: functools.partial(kernels.fixed_pass, layers, f, step, b) for f in (None, "linear")}, STEP_ROUNDS
+        median = judging.medians(
+            {f: functools.partial(judging.fixed_pass, layers, f, step, b) for f in (None, "linear")}, STEP_ROUNDS
         )
         return [1000 * median[k] for k in (None, "linear")]
 

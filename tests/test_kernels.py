@@ -17,7 +17,7 @@ from helpers import job_text, model_of
 import lm
 from streaming.generation.batched import BatchedJob, BatchEngine
 from streaming.generation.thread import ThreadJob
-from streaming.model import kernels, quant, smooth
+from streaming.model import judging, kernels, quant, smooth
 from streaming.model.kernels import ROWS, ChosenLinear
 from streaming.model.loading import whole_pass
 from streaming.model.testing import tiny_model
@@ -453,3 +453,39 @@ def test_a_copy_kept_for_some_row_counts_wins_at_the_plain_margin_at_the_others_
     calls.clear()
     monkeypatch.setattr(kernels, "timings", lambda sample, rows: calls.append(rows) or even(sample, rows))
     assert kernels.timed_table([chosen], ROWS) == ["linear"] * (len(ROWS) + 1) and len(calls) == len(ROWS) + 1
+
+
+def test_the_whole_model_judges_the_kernels_close_to_each_shapes_fastest_among_the_others(tmp_path, monkeypatch):
+    """Each shape's own timing (faked) put `wxt` first and `linear` within judging.CLOSE of it, every
+    other kernel far behind (one row: `linear` first). In the model `wxt` is slow for the output layer and `linear` for the
+    others (sleeps): whole passes, each with one shape changed, give the output layer `linear` at
+    every row count and leave the others on `wxt` (which check(), against `linear` everywhere,
+    cannot give); no kernel past CLOSE runs at all; the kept file holds the judged tables."""
+    net = tiny_model(lm.load_tokenizer()).to(torch.float32)
+    kernels.wrap(net)
+    head = net.lm_head
+    assert isinstance(head, ChosenLinear)
+
+    def timings(sample, rows):  # (one row has no `wxt`: `linear` wins there)
+        return {k: {"wxt": 1.0, "linear": 1.2}.get(k, 2.0) for k in sample[0].candidates(rows)}
+
+    monkeypatch.setattr(kernels, "timings", timings)
+    monkeypatch.setattr(judging, "TUNE_ROUNDS", 2)  # (sleeps far past the noise: fewer rounds do)
+    monkeypatch.setattr(judging, "CHECK_ROUNDS", 2)
+    ran = set()
+    for name, kernel in dict(kernels.KERNELS).items():
+
+        def watched(layer, x, name=name, kernel=kernel):
+            ran.add(name)
+            if (name == "wxt") == (layer is head):
+                time.sleep(0.003)
+            return kernel(layer, x)
+
+        monkeypatch.setitem(kernels.KERNELS, name, watched)
+    tables = kernels.measure(net, tmp_path, step=lambda n: whole_pass(net, n))
+    head_name = kernels.shape_name(head.shape())
+    assert tables[head_name] == ["linear"] * (len(ROWS) + 1), tables
+    assert all(t == ["linear"] + ["wxt"] * len(ROWS) for name, t in tables.items() if name != head_name), tables
+    assert head.table + [head.prefill] == tables[head_name]
+    assert ran == {"linear", "wxt"}
+    assert kernels.measure(net, tmp_path) == tables  # kept as judged

@@ -27,12 +27,14 @@ model's one-row step in bfloat16 from 92 to 63 ms, every layer choosing it. From
 where torch has oneDNN, `dnn` multiplies by a copy of the weight laid out once in oneDNN's
 blocked format (`linear` lays the plain weight out again at every call): on the Xeon with AMX it
 took a 64-row bfloat16 step from 140 to 110 ms. A copy that a table keeps for some row counts is
-judged at the plain margin at the others, from the same timings (`timed_table`: its memory is paid once).
+judged at the plain margin at the others, from the same timings (`table_of`: its memory is paid once).
 
-Then `check()` runs the whole model at each row count with the tables against `linear`
-everywhere and sets back to `linear` the row counts where the tables lost (a kernel that wins
-alone can lose among the others); the tables are kept after it. One process on a machine
-times at a time (`timing_alone`): timings taken beside another's are the contention's.
+Then the whole model judges them (judging.py): at each row count, each kernel close to its
+shape's fastest on its own runs in whole passes among the others (`tune()`: a kernel that wins
+alone can lose among the others, and the reverse), and the tables run against `linear`
+everywhere (`check()`), which takes back the row counts where they lost; the tables are kept
+after it. One process on a machine times at a time (`timing_alone`): timings taken beside
+another's are the contention's.
 
 Leaves out: GPUs and MPS (their libraries choose well: only the CPU is measured).
 """
@@ -50,13 +52,13 @@ import logging
 import os
 import platform
 import secrets
-import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 import torch
+
+from streaming.model import judging
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # row counts measured; a count between two takes the larger's kernel
 # The row count timed for every count past ROWS[-1]: what a prefill step runs (the qoe policy's
@@ -67,9 +69,8 @@ ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # row counts measured; a count betwee
 PREFILL_ROWS = 512
 MARGIN = 0.97  # a kernel replaces `linear` only when its median time is at most 97% of linear's (noise)
 COPY_MARGIN = 0.9  # one that keeps a copy of the weight (COPYING), at most 90%: it costs memory
-FORMAT = "kernels-6"  # the kept file's format: a change of it, or of what is timed, times again
+FORMAT = "kernels-7"  # the kept file's format: a change of it, or of what is timed, times again
 ROUNDS = 5  # timings of each candidate at each row count, judged by their median
-CHECK_ROUNDS = 3  # check(): whole-model passes of each kind at each row count, judged by their median
 SAMPLE_BYTES = 64 << 20  # weights timed per shape: more than a CPU's last-level cache, as in a real step
 LOCK_FILE = "kernels.lock"  # in the kept tables' folder: one process times at a time (timing_alone)
 MODES = ("measure", "linear")  # --kernels: measure at load (the default), or the plain product always
@@ -150,7 +151,6 @@ BLOCKABLE_HALF = {
     torch.bfloat16: lambda: bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
     torch.float16: lambda: bool(torch.ops.mkldnn._is_mkldnn_fp16_supported()),
 }
-K = TypeVar("K")
 
 
 class ChosenLinear(torch.nn.Module):
@@ -264,39 +264,49 @@ def measure(
     step: Callable[[int], Any] | None = None,
 ) -> dict[str, list[str]]:
     """Time every candidate kernel for each shape of layer at each row count and set the layers'
-    tables; with `step` (a whole forward pass of the model over n tokens), check them in the
-    model (check()). Returns the tables by shape (logged, and in /metrics). With a `folder`, the
-    tables are kept there under a key of this CPU, this torch, its threads and the shapes, and
-    read back by the next load (timing the bundled model takes ~13 s here, its check ~10 s);
-    delete the file to time again."""
-    groups: dict[tuple[Any, ...], list[ChosenLinear]] = {}
+    tables; with `step` (a whole forward pass of the model over n tokens), judge them in the
+    model (judging.tune, then judging.check). Returns the tables by shape (logged, and in
+    /metrics). With a `folder`, the tables are kept there under a key of this CPU, this torch, its
+    threads and the shapes, and read back by the next load (timing the bundled model takes ~13 s
+    here, judging it in the model ~30 s); delete the file to time again."""
+    groups: dict[str, list[ChosenLinear]] = {}
     for m in model.modules():
         if isinstance(m, ChosenLinear):
-            groups.setdefault(m.shape(), []).append(m)
-    names = {shape: shape_name(shape) for shape in groups}
-    path = None if folder is None else folder / f"kernels-{machine_key(sorted(names.values()), rows)}.json"
+            groups.setdefault(shape_name(m.shape()), []).append(m)
+    counts = (*rows, PREFILL_ROWS)
+    path = None if folder is None else folder / f"kernels-{machine_key(sorted(groups), rows)}.json"
     with timing_alone(folder):
-        kept = read_tables(path, {names[shape]: layers[0] for shape, layers in groups.items()}, rows)
-        tables = {}
+        kept = read_tables(path, {name: layers[0] for name, layers in groups.items()}, rows)
         with torch.inference_mode():
-            for shape, layers in groups.items():
-                table = kept[names[shape]] if kept else timed_table(sample_of(layers), rows)
-                tables[names[shape]] = table
-                use(layers, table)
-            if (
-                step is not None
-                and not kept
-                and groups
-                and (slower := check([*itertools.chain(*groups.values())], step, rows))
-            ):
-                for shape, layers in groups.items():
-                    tables[names[shape]] = [
-                        ("linear" if i in slower else k) for i, k in enumerate(tables[names[shape]])
-                    ]
-                    use(layers, tables[names[shape]])
+            timed: dict[str, list[dict[str, float]]] = {}
+            if kept:
+                tables = kept
+            else:
+                timed = {name: [timings(sample_of(layers), n) for n in counts] for name, layers in groups.items()}
+                tables = {name: table_of(timed[name], layers[0].copying) for name, layers in groups.items()}
+            for name, layers in groups.items():
+                use(layers, tables[name])
+            if step is not None and not kept and groups:
+                tables = judging.tune(groups, timed, tables, step, counts, margins(groups))
+                for name, layers in groups.items():
+                    use(layers, tables[name])
+                if slower := judging.check([*itertools.chain(*groups.values())], step, counts):
+                    for name, layers in groups.items():
+                        tables[name] = [("linear" if i in slower else k) for i, k in enumerate(tables[name])]
+                        use(layers, tables[name])
         if path is not None and not kept:
             keep_tables(path, tables)
     return tables
+
+
+def margins(groups: dict[str, list[ChosenLinear]]) -> Callable[[str, str, list[str]], float]:
+    """judging.tune's margins: a kernel that keeps a copy of the weight its shape's table does not
+    keep yet wins by COPY_MARGIN (the copy costs memory), any other by MARGIN."""
+
+    def margin(name: str, kernel: str, table: list[str]) -> float:
+        return COPY_MARGIN if kernel in groups[name][0].copying and kernel not in table else MARGIN
+
+    return margin
 
 
 @contextlib.contextmanager
@@ -340,39 +350,6 @@ def use(layers: list[ChosenLinear], table: list[str]) -> None:
                 make(layer)
             else:
                 setattr(layer, attribute, None)  # the timings' copy goes: no call will read it
-
-
-def check(layers: list[ChosenLinear], step: Callable[[int], Any], rows: tuple[int, ...] = ROWS) -> list[int]:
-    """Whole passes of the model over n tokens at each row count (n rows through every layer, as
-    the batched engine's flat steps run them), with the kernels chosen against `linear`
-    everywhere, in turn, CHECK_ROUNDS after one to warm up; the indices of the row counts where
-    the chosen ones were slower by their medians, each set back to `linear` by the caller. A
-    kernel timed on its own can lose inside the model, among the others: on the AMX Xeon, for the
-    bundled model in bfloat16, whole 128-token passes took 167 ms with the `wxt` every shape's own
-    timing had chosen against 153 with `linear` everywhere (another load: 128 and 256 set back),
-    while from 1 to 64 rows the tables won (55 against 72 ms at 1, 102 against 108 at 64)."""
-    slower, said = [], []
-    for i, n in enumerate((*rows, PREFILL_ROWS)):
-        if all(layer.pick(n) == "linear" for layer in layers):
-            continue
-        median = medians(
-            {fixed: functools.partial(fixed_pass, layers, fixed, step, n) for fixed in (None, "linear")}, CHECK_ROUNDS
-        )
-        for layer in layers:
-            layer.fixed = None
-        chosen, plain = median[None], median["linear"]
-        said.append(f"{n}: {1000 * chosen:.1f} against {1000 * plain:.1f} ms")
-        if chosen > plain:
-            slower.append(i)
-    log.info("kernels in the model, chosen against linear everywhere, by rows: %s", "; ".join(said))
-    return slower
-
-
-def fixed_pass(layers: list[ChosenLinear], fixed: str | None, step: Callable[[int], Any], n: int) -> None:
-    """`step(n)` with every layer running `fixed` (None: its table)."""
-    for layer in layers:
-        layer.fixed = fixed
-    step(n)
 
 
 def keep_tables(path: Path, tables: dict[str, list[str]]) -> None:
@@ -423,6 +400,7 @@ def machine_key(shapes: list[str], rows: tuple[int, ...]) -> str:
         cpu = [platform.processor(), platform.machine()]
     facts = [*cpu, torch.__version__, str(torch.get_num_threads()), *shapes, str(rows), FORMAT]
     facts += [str(x) for x in (MARGIN, COPY_MARGIN, COPY_ROWS, SAMPLE_BYTES, ROUNDS, sorted(KERNELS))]
+    facts += [str(x) for x in (judging.CLOSE, judging.TUNE_ROUNDS, judging.CHECK_ROUNDS)]
     return hashlib.sha256("\n".join(facts).encode()).hexdigest()[:16]
 
 
@@ -450,13 +428,16 @@ def read_tables(
 
 
 def timed_table(sample: list[ChosenLinear], rows: tuple[int, ...]) -> list[str]:
-    """A shape's table: the fastest kernel at each row count, then the prefills', each count timed
-    once. A copy of the weight that the table keeps for some row count costs no more memory at the
-    others, so the same timings decide again with that copy at the plain margin (on the Xeon with
-    AMX the blocked copy chosen from 64 rows lost the 512-row prefills' band by its margin alone,
-    and whole 512-token passes with it took 300 against 325 ms)."""
-    timed = [timings(sample, n) for n in (*rows, PREFILL_ROWS)]
-    copying = sample[0].copying
+    """A shape's table from its own timings alone (table_of), each row count timed once."""
+    return table_of([timings(sample, n) for n in (*rows, PREFILL_ROWS)], sample[0].copying)
+
+
+def table_of(timed: list[dict[str, float]], copying: tuple[str, ...]) -> list[str]:
+    """A shape's table: the fastest kernel at each row count, then the prefills', from each count's
+    medians. A copy of the weight that the table keeps for some row count costs no more memory at
+    the others, so the same timings decide again with that copy at the plain margin (on the Xeon
+    with AMX the blocked copy chosen from 64 rows lost the 512-row prefills' band by its margin
+    alone, and whole 512-token passes with it took 300 against 325 ms)."""
     copies = frozenset(k for k in (fastest(m, copying=copying) for m in timed) if k in copying)
     return [fastest(median, copies, copying) for median in timed]
 
@@ -467,7 +448,8 @@ def timings(sample: list[ChosenLinear], rows: int) -> dict[str, float]:
     on all of them), ROUNDS rounds after one to warm up."""
     first = sample[0]
     x = torch.randn(rows, first.in_features, dtype=first.weight.dtype, device=first.weight.device)
-    return medians({name: functools.partial(run_all, sample, name, x) for name in first.candidates(rows)}, ROUNDS)
+    runs = {name: functools.partial(run_all, sample, name, x) for name in first.candidates(rows)}
+    return judging.medians(runs, ROUNDS)
 
 
 def fastest(median: dict[str, float], kept: frozenset[str] = frozenset(), copying: tuple[str, ...] = COPYING) -> str:
@@ -482,20 +464,6 @@ def fastest(median: dict[str, float], kept: frozenset[str] = frozenset(), copyin
 def run_all(layers: list[ChosenLinear], name: str, x: torch.Tensor) -> None:
     for layer in layers:
         layer.run(name, x)
-
-
-def medians(runs: dict[K, Callable[[], Any]], rounds: int) -> dict[K, float]:
-    """Each run's median seconds over `rounds` rounds after one to warm up, the runs in turn in
-    every round (so a slow moment of the machine falls on all of them): timings(), check() and
-    bench.py's profile time their candidates so."""
-    times: dict[K, list[float]] = {k: [] for k in runs}
-    for r in range(rounds + 1):
-        for k, run in runs.items():
-            t0 = time.perf_counter()
-            run()
-            if r:
-                times[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(t) for k, t in times.items()}
 
 
 def describe(tables: dict[str, list[str]], rows: tuple[int, ...] = ROWS) -> str:

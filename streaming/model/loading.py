@@ -203,7 +203,7 @@ def load_net(choice: Choice, tokenizer: Any) -> Any:
 
 
 def whole_pass(m: Any, n: int) -> Any:
-    """One forward pass of the model over n tokens, no cache (kernels.check: n rows through every
+    """One forward pass of the model over n tokens, no cache (kernels.py and judging.py: n rows through every
     Linear layer, as the batched engine's flat steps run them; the logits of at most ROWS[-1] of
     them, as many as a step keeps)."""
     import torch

@@ -1,0 +1,142 @@
+"""Whole passes of the model that judge the kernel tables kernels.py timed layer by layer.
+
+A kernel's time on its own layers does not say what it costs among the others: on the Intel Xeon
+with AMX, in bfloat16, the fused 896 x 9728 gate and up product at 32 rows took 4.4-4.8 ms with
+`wxt` against 4.1 with `dnn` on its own (64 MB of its weights, a few % of a step), but in whole
+32-token passes of the bundled model `dnn` there took the pass from 93.7 to 84.2 ms (medians of
+7), and one table timed on its own was 13-15% slower than another at 17-32 rows and 7% at the
+prefills' 512 (in turn, medians of 14). So:
+
+- `tune()`: at each row count, for every shape of layer, each kernel whose own timing came within
+  CLOSE of that shape's fastest runs in whole passes with the rest of the table as it is (one
+  shape changed a pass), in turn with the table itself; a shape takes the one whose passes were
+  fastest by MARGIN (COPY_MARGIN for a copy of the weight its table did not keep). The shapes'
+  changes are judged on one table, then taken together.
+- `check()`: the tables then run against `linear` everywhere; where they lost, the caller sets
+  that row count back to `linear`.
+
+Leaves out: timing a layer on its own, and keeping the tables (kernels.py); searching every
+combination (a pass per kernel per shape per row count is all the time a load can spend: the
+bundled model's tuning takes ~20 s once per machine, then the kept tables are read).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
+
+CLOSE = 1.3  # tune(): a kernel within this of its shape's fastest on its own is tried in the model
+TUNE_ROUNDS = 4  # tune(): passes of each kind at each row count, judged by their median
+CHECK_ROUNDS = 3  # check(): whole-model passes of each kind at each row count, judged by their median
+log = logging.getLogger("streaming.model")
+K = TypeVar("K")
+
+
+class Chosen(Protocol):
+    """What the passes need of a layer (kernels.ChosenLinear): its table and a kernel to force."""
+
+    table: list[str]
+    prefill: str
+    fixed: str | None
+
+    def pick(self, rows: int) -> str: ...
+
+
+def tune(
+    groups: dict[str, list[Any]],
+    timed: dict[str, list[dict[str, float]]],
+    tables: dict[str, list[str]],
+    step: Callable[[int], Any],
+    counts: Sequence[int],
+    margins: Callable[[str, str, list[str]], float],
+) -> dict[str, list[str]]:
+    """The tables after whole passes judged the kernels close to each shape's fastest (the
+    docstring above). `timed[name][i]`: that shape's kernels' own medians at counts[i];
+    `margins(name, kernel, table)`: the share of the table's time a kernel must take to replace
+    its choice. Returns new tables; the layers run them once the caller gives them out."""
+    tables = {name: list(table) for name, table in tables.items()}
+    said = []
+    for i, n in enumerate(counts):
+        tried = [
+            (name, k)
+            for name, times in timed.items()
+            for k, t in times[i].items()
+            if k != tables[name][i] and t <= CLOSE * min(times[i].values())
+        ]
+        if not tried:
+            continue
+        runs: dict[tuple[str, str] | None, Callable[[], Any]] = {None: functools.partial(step, n)}
+        runs |= {(name, k): functools.partial(forced_pass, groups[name], k, step, n) for name, k in tried}
+        median = medians(runs, TUNE_ROUNDS)
+        for name in {name for name, _ in tried}:
+            ks = [k for shape, k in tried if shape == name]
+            best = min(ks, key=lambda k: median[(name, k)])
+            if median[(name, best)] <= margins(name, best, tables[name]) * median[None]:
+                said.append(
+                    f"{n}: {name} {tables[name][i]} -> {best} ({1000 * median[None]:.1f} -> {1000 * median[(name, best)]:.1f} ms)"
+                )
+                tables[name][i] = best
+    log.info("kernels judged in the model: %s", "; ".join(said) or "no change")
+    return tables
+
+
+def forced_pass(layers: list[Any], kernel: str, step: Callable[[int], Any], n: int) -> None:
+    """`step(n)` with these layers running `kernel` and every other its table."""
+    for layer in layers:
+        layer.fixed = kernel
+    try:
+        step(n)
+    finally:
+        for layer in layers:
+            layer.fixed = None
+
+
+def check(layers: Sequence[Chosen], step: Callable[[int], Any], counts: Sequence[int]) -> list[int]:
+    """Whole passes of the model over n tokens at each row count (n rows through every layer, as
+    the batched engine's flat steps run them), with the kernels chosen against `linear`
+    everywhere, in turn, CHECK_ROUNDS after one to warm up; the indices of the row counts where
+    the chosen ones were slower by their medians, each set back to `linear` by the caller. A
+    kernel timed on its own can lose inside the model, among the others: on the AMX Xeon, for the
+    bundled model in bfloat16, whole 128-token passes took 167 ms with the `wxt` every shape's own
+    timing had chosen against 153 with `linear` everywhere (another load: 128 and 256 set back),
+    while from 1 to 64 rows the tables won (55 against 72 ms at 1, 102 against 108 at 64)."""
+    slower, said = [], []
+    for i, n in enumerate(counts):
+        if all(layer.pick(n) == "linear" for layer in layers):
+            continue
+        median = medians(
+            {fixed: functools.partial(fixed_pass, layers, fixed, step, n) for fixed in (None, "linear")}, CHECK_ROUNDS
+        )
+        for layer in layers:
+            layer.fixed = None
+        chosen, plain = median[None], median["linear"]
+        said.append(f"{n}: {1000 * chosen:.1f} against {1000 * plain:.1f} ms")
+        if chosen > plain:
+            slower.append(i)
+    log.info("kernels in the model, chosen against linear everywhere, by rows: %s", "; ".join(said))
+    return slower
+
+
+def fixed_pass(layers: Sequence[Chosen], fixed: str | None, step: Callable[[int], Any], n: int) -> None:
+    """`step(n)` with every layer running `fixed` (None: its table)."""
+    for layer in layers:
+        layer.fixed = fixed
+    step(n)
+
+
+def medians(runs: Mapping[K, Callable[[], Any]], rounds: int) -> dict[K, float]:
+    """Each run's median seconds over `rounds` rounds after one to warm up, the runs in turn in
+    every round (so a slow moment of the machine falls on all of them): the kernels' own timings,
+    tune(), check() and bench.py's profile time their candidates so."""
+    times: dict[K, list[float]] = {k: [] for k in runs}
+    for r in range(rounds + 1):
+        for k, run in runs.items():
+            t0 = time.perf_counter()
+            run()
+            if r:
+                times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(t) for k, t in times.items()}
