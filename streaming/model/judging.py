@@ -9,15 +9,16 @@ prefills' 512 (in turn, medians of 14). So:
 
 - `tune()`: at each row count, for every shape of layer, each kernel whose own timing came within
   CLOSE of that shape's fastest runs in whole passes with the rest of the table as it is (one
-  shape changed a pass), in turn with the table itself; a shape takes the one whose passes were
-  fastest by MARGIN (COPY_MARGIN for a copy of the weight its table did not keep). The shapes'
-  changes are judged on one table, then taken together.
+  shape changed a pass), in turn with the table itself; a shape takes the fastest of those whose
+  passes took at most MARGIN of the table's (COPY_MARGIN for a copy of the weight its table did
+  not keep). The shapes' changes at a row count are then run together against the table before
+  them, and kept only if they won together.
 - `check()`: the tables then run against `linear` everywhere; where they lost, the caller sets
   that row count back to `linear`.
 
 Leaves out: timing a layer on its own, and keeping the tables (kernels.py); searching every
 combination (a pass per kernel per shape per row count is all the time a load can spend: the
-bundled model's tuning takes ~20 s once per machine, then the kept tables are read).
+bundled model's judging takes ~30 s once per machine, then the kept tables are read).
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ from typing import Any, Protocol, TypeVar
 
 CLOSE = 1.3  # tune(): a kernel within this of its shape's fastest on its own is tried in the model
 TUNE_ROUNDS = 4  # tune(): passes of each kind at each row count, judged by their median
+MARGIN = 0.97  # tune(): a pass must take at most this share of the table's (the noise of a whole pass)
+# and where the kernel keeps a copy of the weight that its shape's table does not keep yet (memory:
+# up to the weight's size again), this share: twice the noise margin, for one shape's part of a pass
+COPY_MARGIN = 0.94
 CHECK_ROUNDS = 3  # check(): whole-model passes of each kind at each row count, judged by their median
 log = logging.getLogger("streaming.model")
 K = TypeVar("K")
@@ -47,17 +52,20 @@ class Chosen(Protocol):
 
 
 def tune(
-    groups: dict[str, list[Any]],
-    timed: dict[str, list[dict[str, float]]],
-    tables: dict[str, list[str]],
+    groups: Mapping[str, Sequence[Any]],
+    timed: Mapping[str, list[dict[str, float]]],
+    tables: Mapping[str, list[str]],
     step: Callable[[int], Any],
     counts: Sequence[int],
     margins: Callable[[str, str, list[str]], float],
+    give: Callable[[dict[str, list[str]]], None],
 ) -> dict[str, list[str]]:
     """The tables after whole passes judged the kernels close to each shape's fastest (the
     docstring above). `timed[name][i]`: that shape's kernels' own medians at counts[i];
-    `margins(name, kernel, table)`: the share of the table's time a kernel must take to replace
-    its choice. Returns new tables; the layers run them once the caller gives them out."""
+    `margins(name, kernel, table)`: the share of the table's pass a kernel's pass must take to
+    replace its choice; `give(tables)`: the layers run these tables from now on (and keep only the
+    copies of the weights they name: a row count's tries leave none behind). The changes a row
+    count takes together are confirmed in passes against the table before them, or left out."""
     tables = {name: list(table) for name, table in tables.items()}
     said = []
     for i, n in enumerate(counts):
@@ -70,29 +78,44 @@ def tune(
         if not tried:
             continue
         runs: dict[tuple[str, str] | None, Callable[[], Any]] = {None: functools.partial(step, n)}
-        runs |= {(name, k): functools.partial(forced_pass, groups[name], k, step, n) for name, k in tried}
+        runs |= {(name, k): functools.partial(forced_pass, [(groups[name], k)], step, n) for name, k in tried}
         median = medians(runs, TUNE_ROUNDS)
-        for name in {name for name, _ in tried}:
-            ks = [k for shape, k in tried if shape == name]
-            best = min(ks, key=lambda k: median[(name, k)])
-            if median[(name, best)] <= margins(name, best, tables[name]) * median[None]:
-                said.append(
-                    f"{n}: {name} {tables[name][i]} -> {best} ({1000 * median[None]:.1f} -> {1000 * median[(name, best)]:.1f} ms)"
-                )
-                tables[name][i] = best
+        won = {}
+        for name in dict.fromkeys(name for name, _ in tried):
+            passing = [
+                k
+                for shape, k in tried
+                if shape == name and median[(name, k)] <= margins(name, k, tables[name]) * median[None]
+            ]
+            if passing:
+                won[name] = min(passing, key=lambda k: median[(name, k)])
+        if won:  # together, against the table as it was (each was judged with the others unchanged)
+            both = {
+                "before": functools.partial(step, n),
+                "after": functools.partial(forced_pass, [(groups[name], k) for name, k in won.items()], step, n),
+            }
+            confirm = medians(both, TUNE_ROUNDS)
+            if confirm["after"] <= MARGIN * confirm["before"]:
+                for name, k in won.items():
+                    said.append(f"{n}: {name} {tables[name][i]} -> {k}")
+                    tables[name][i] = k
+                said.append(f"{n}: {1000 * confirm['before']:.1f} -> {1000 * confirm['after']:.1f} ms")
+        give(tables)
     log.info("kernels judged in the model: %s", "; ".join(said) or "no change")
     return tables
 
 
-def forced_pass(layers: list[Any], kernel: str, step: Callable[[int], Any], n: int) -> None:
-    """`step(n)` with these layers running `kernel` and every other its table."""
-    for layer in layers:
-        layer.fixed = kernel
+def forced_pass(forced: Sequence[tuple[Sequence[Any], str]], step: Callable[[int], Any], n: int) -> None:
+    """`step(n)` with each group of layers running its kernel and every other layer its table."""
     try:
+        for layers, kernel in forced:
+            for layer in layers:
+                layer.fixed = kernel
         step(n)
     finally:
-        for layer in layers:
-            layer.fixed = None
+        for layers, _ in forced:
+            for layer in layers:
+                layer.fixed = None
 
 
 def check(layers: Sequence[Chosen], step: Callable[[int], Any], counts: Sequence[int]) -> list[int]:
@@ -108,11 +131,14 @@ def check(layers: Sequence[Chosen], step: Callable[[int], Any], counts: Sequence
     for i, n in enumerate(counts):
         if all(layer.pick(n) == "linear" for layer in layers):
             continue
-        median = medians(
-            {fixed: functools.partial(fixed_pass, layers, fixed, step, n) for fixed in (None, "linear")}, CHECK_ROUNDS
-        )
-        for layer in layers:
-            layer.fixed = None
+        try:
+            median = medians(
+                {fixed: functools.partial(fixed_pass, layers, fixed, step, n) for fixed in (None, "linear")},
+                CHECK_ROUNDS,
+            )
+        finally:
+            for layer in layers:
+                layer.fixed = None
         chosen, plain = median[None], median["linear"]
         said.append(f"{n}: {1000 * chosen:.1f} against {1000 * plain:.1f} ms")
         if chosen > plain:

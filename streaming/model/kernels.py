@@ -268,7 +268,7 @@ def measure(
     model (judging.tune, then judging.check). Returns the tables by shape (logged, and in
     /metrics). With a `folder`, the tables are kept there under a key of this CPU, this torch, its
     threads and the shapes, and read back by the next load (timing the bundled model takes ~13 s
-    here, judging it in the model ~30 s); delete the file to time again."""
+    here, judging and checking it in the model ~40 s); delete the file to time again."""
     groups: dict[str, list[ChosenLinear]] = {}
     for m in model.modules():
         if isinstance(m, ChosenLinear):
@@ -279,34 +279,42 @@ def measure(
         kept = read_tables(path, {name: layers[0] for name, layers in groups.items()}, rows)
         with torch.inference_mode():
             timed: dict[str, list[dict[str, float]]] = {}
-            if kept:
-                tables = kept
-            else:
-                timed = {name: [timings(sample_of(layers), n) for n in counts] for name, layers in groups.items()}
-                tables = {name: table_of(timed[name], layers[0].copying) for name, layers in groups.items()}
-            for name, layers in groups.items():
+            tables = dict(kept or {})
+            for name, layers in groups.items():  # each shape's copies of its weight made, timed, dropped in turn
+                if not kept:
+                    timed[name] = [timings(sample_of(layers), n) for n in counts]
+                    tables[name] = table_of(timed[name], layers[0].copying)
                 use(layers, tables[name])
             if step is not None and not kept and groups:
-                tables = judging.tune(groups, timed, tables, step, counts, margins(groups))
-                for name, layers in groups.items():
-                    use(layers, tables[name])
+                tables = judging.tune(
+                    groups, timed, tables, step, counts, margins(groups), functools.partial(give, groups)
+                )
                 if slower := judging.check([*itertools.chain(*groups.values())], step, counts):
-                    for name, layers in groups.items():
-                        tables[name] = [("linear" if i in slower else k) for i, k in enumerate(tables[name])]
-                        use(layers, tables[name])
+                    tables = {
+                        name: [("linear" if i in slower else k) for i, k in enumerate(t)] for name, t in tables.items()
+                    }
+                    give(groups, tables)
         if path is not None and not kept:
             keep_tables(path, tables)
     return tables
 
 
 def margins(groups: dict[str, list[ChosenLinear]]) -> Callable[[str, str, list[str]], float]:
-    """judging.tune's margins: a kernel that keeps a copy of the weight its shape's table does not
-    keep yet wins by COPY_MARGIN (the copy costs memory), any other by MARGIN."""
+    """judging.tune's margins: a kernel that keeps a copy of the weight (any of the layer's
+    `copies`) its shape's table does not keep yet wins by judging.COPY_MARGIN, any other by
+    judging.MARGIN."""
 
     def margin(name: str, kernel: str, table: list[str]) -> float:
-        return COPY_MARGIN if kernel in groups[name][0].copying and kernel not in table else MARGIN
+        new_copy = kernel in groups[name][0].copies and kernel not in table
+        return judging.COPY_MARGIN if new_copy else judging.MARGIN
 
     return margin
+
+
+def give(groups: dict[str, list[ChosenLinear]], tables: dict[str, list[str]]) -> None:
+    """Every shape's layers their table (use)."""
+    for name, layers in groups.items():
+        use(layers, tables[name])
 
 
 @contextlib.contextmanager
@@ -400,7 +408,8 @@ def machine_key(shapes: list[str], rows: tuple[int, ...]) -> str:
         cpu = [platform.processor(), platform.machine()]
     facts = [*cpu, torch.__version__, str(torch.get_num_threads()), *shapes, str(rows), FORMAT]
     facts += [str(x) for x in (MARGIN, COPY_MARGIN, COPY_ROWS, SAMPLE_BYTES, ROUNDS, sorted(KERNELS))]
-    facts += [str(x) for x in (judging.CLOSE, judging.TUNE_ROUNDS, judging.CHECK_ROUNDS)]
+    facts += [str(x) for x in (judging.CLOSE, judging.TUNE_ROUNDS, judging.CHECK_ROUNDS, judging.MARGIN)]
+    facts += [str(judging.COPY_MARGIN)]
     return hashlib.sha256("\n".join(facts).encode()).hexdigest()[:16]
 
 
