@@ -52,7 +52,7 @@ class Chosen(Protocol):
 
 
 def tune(
-    groups: Mapping[str, Sequence[Any]],
+    groups: Mapping[str, Sequence[Chosen]],
     timed: Mapping[str, list[dict[str, float]]],
     tables: Mapping[str, list[str]],
     step: Callable[[int], Any],
@@ -105,8 +105,9 @@ def tune(
     return tables
 
 
-def forced_pass(forced: Sequence[tuple[Sequence[Any], str]], step: Callable[[int], Any], n: int) -> None:
-    """`step(n)` with each group of layers running its kernel and every other layer its table."""
+def forced_pass(forced: Sequence[tuple[Sequence[Chosen], str]], step: Callable[[int], Any], n: int) -> None:
+    """`step(n)` with each group of layers running its kernel and every other layer its table (then
+    its table again)."""
     try:
         for layers, kernel in forced:
             for layer in layers:
@@ -131,27 +132,17 @@ def check(layers: Sequence[Chosen], step: Callable[[int], Any], counts: Sequence
     for i, n in enumerate(counts):
         if all(layer.pick(n) == "linear" for layer in layers):
             continue
-        try:
-            median = medians(
-                {fixed: functools.partial(fixed_pass, layers, fixed, step, n) for fixed in (None, "linear")},
-                CHECK_ROUNDS,
-            )
-        finally:
-            for layer in layers:
-                layer.fixed = None
+        runs = {
+            None: functools.partial(step, n),
+            "linear": functools.partial(forced_pass, [(layers, "linear")], step, n),
+        }
+        median = medians(runs, CHECK_ROUNDS)
         chosen, plain = median[None], median["linear"]
         said.append(f"{n}: {1000 * chosen:.1f} against {1000 * plain:.1f} ms")
         if chosen > plain:
             slower.append(i)
     log.info("kernels in the model, chosen against linear everywhere, by rows: %s", "; ".join(said))
     return slower
-
-
-def fixed_pass(layers: Sequence[Chosen], fixed: str | None, step: Callable[[int], Any], n: int) -> None:
-    """`step(n)` with every layer running `fixed` (None: its table)."""
-    for layer in layers:
-        layer.fixed = fixed
-    step(n)
 
 
 def medians(runs: Mapping[K, Callable[[], Any]], rounds: int) -> dict[K, float]:

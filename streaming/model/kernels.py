@@ -408,8 +408,9 @@ def machine_key(shapes: list[str], rows: tuple[int, ...]) -> str:
         cpu = [platform.processor(), platform.machine()]
     facts = [*cpu, torch.__version__, str(torch.get_num_threads()), *shapes, str(rows), FORMAT]
     facts += [str(x) for x in (MARGIN, COPY_MARGIN, COPY_ROWS, SAMPLE_BYTES, ROUNDS, sorted(KERNELS))]
-    facts += [str(x) for x in (judging.CLOSE, judging.TUNE_ROUNDS, judging.CHECK_ROUNDS, judging.MARGIN)]
-    facts += [str(judging.COPY_MARGIN)]
+    facts += [
+        str(x) for x in (judging.CLOSE, judging.TUNE_ROUNDS, judging.CHECK_ROUNDS, judging.MARGIN, judging.COPY_MARGIN)
+    ]
     return hashlib.sha256("\n".join(facts).encode()).hexdigest()[:16]
 
 
