@@ -213,6 +213,7 @@ def figures(requests, results, wall, tok) -> dict:
         "first_error": next((repr(r)[:200] for r in results if isinstance(r, BaseException)), None),  # why
         "asked_tokens": sum(asked for _, asked in good),
         "generated_tokens": sum(g or 0 for g in generated),
+        "text_tokens": sum(n for line in timelines.values() for _, n in line),  # what arrived, re-tokenized
         "unequal": sum(g != asked for g, (_, asked) in zip(generated, good, strict=True)),  # usage says otherwise
         "ttft_p50": pct(ttft, 50),
         "ttft_p99": pct(ttft, 99),
@@ -249,8 +250,8 @@ def steady_window(requests, results, timelines: dict) -> dict | None:
     (before it the readers at once still grow: with readers served side by side, their count is
     stationary once the first arrival's answer has run as long as most answers do, within a few
     per cent at the p90) to the last arrival (after it, readers only leave: the drain), the readers
-    served at once on average and the tokens a second that arrived within it (re-tokenized, as for
-    QoE). A burst's readers start and end together; a Poisson load's whole busy period also holds
+    served at once on average and the tokens a second that arrived within it (generated tokens,
+    by usage, placed where their text arrived: in_usage). A burst's readers start and end together; a Poisson load's whole busy period also holds
     its ramp and drain, whose fewer readers at once make fewer tokens a second. None where the
     window is shorter than MIN_WINDOW (60 s of arrivals of answers up to 300 tokens leave little:
     `--seconds 150` measures it)."""
@@ -265,7 +266,16 @@ def steady_window(requests, results, timelines: dict) -> dict | None:
     end = max(start for start, _ in served)
     if end - begin < MIN_WINDOW:
         return None
-    tokens = sum(n for start, r in served for t, n in timelines[id(r)] if begin <= start + t < end)
+    # In generated tokens (by usage), as a burst's tokens/s are counted: each answer's re-tokenized
+    # arrivals scaled to its usage. The re-tokenized text alone holds fewer (sampled text splits
+    # into fewer tokens than were sampled: 94% of them at 1/s, by the engine's own counts), and
+    # set against a burst's usage that read as steps lost.
+    tokens = sum(
+        n * in_usage(r, timelines[id(r)])
+        for start, r in served
+        for t, n in timelines[id(r)]
+        if begin <= start + t < end
+    )
     overlap = sum(max(0.0, min(end, start + r.arrivals[-1]) - max(begin, start)) for start, r in served)
     return {
         "from_s": begin,
@@ -273,6 +283,14 @@ def steady_window(requests, results, timelines: dict) -> dict | None:
         "readers_at_once": overlap / (end - begin),
         "tokens_per_s": tokens / (end - begin),
     }
+
+
+def in_usage(result, timeline: list[tuple[float, float]]) -> float:
+    """Generated tokens per re-tokenized token of an answer (its usage over its timeline's
+    tokens; 1 where either is missing)."""
+    text = sum(n for _, n in timeline)
+    used = (result.usage or {}).get("completion_tokens")
+    return used / text if used and text else 1.0
 
 
 def single_rate(results) -> float | None:
@@ -444,12 +462,15 @@ def run(args, servers: dict, tok) -> dict:
             waited = settle(servers, args.settle)
             before, pid = engine_counts(s), s["process"].proc.pid
             cpu0, loop0 = cpu_ticks(pid), loop_ticks(pid)
+            samples: list = []
             if kind == "single":
                 sent, results, wall = asyncio.run(in_turn(s["port"], requests, s["ours"], s["model"], args.load_limit))
             else:
-                sent = requests
-                results, wall = asyncio.run(drive(s["port"], requests, s["ours"], s["model"], args.load_limit))
+                sent, load = requests, drive(s["port"], requests, s["ours"], s["model"], args.load_limit)
+                (results, wall), samples = asyncio.run(sampled(load, s["port"] if kind == "rate" and before else None))
             f = figures(sent, results, wall, tok) | {"settle_s": round(waited, 1)}
+            if kind == "rate" and f["window"] and samples:  # the engine's steps within the steady window
+                f["window"]["engine"] = engine_steps(*within(samples, f["window"]["from_s"], f["window"]["to_s"]))
             f["cpu_s"], f["loop_cpu_s"] = ((cpu_ticks(pid) - cpu0) / TICK, (loop_ticks(pid) - loop0) / TICK)
             if kind == "single":
                 f["single_tokens_per_s"] = single_rate(results)
@@ -489,6 +510,16 @@ def run(args, servers: dict, tok) -> dict:
                     f" (kv {e['kv_ms']:.1f} ms a step)",
                     flush=True,
                 )
+            if (w := f.get("window") or {}).get("engine"):
+                print(f"  {'':20s} {'':32s} in its steady window: {steps_said(w['engine'])}", flush=True)
+            if kind == "rate" and f["generated_tokens"]:
+                print(
+                    f"  {'':20s} {'':32s} its text re-tokenized: {f['text_tokens']:.0f} tokens of"
+                    f" {f['generated_tokens']} generated ({100 * f['text_tokens'] / f['generated_tokens']:.1f}%)",
+                    flush=True,
+                )
+            elif e:
+                print(f"  {'':20s} {'':32s} {steps_said(e)}", flush=True)
             if f.get("step_ms"):
                 print(
                     f"  {'':20s} {'':32s} the model's step {f['step_ms']:.1f} ms (forward {f['forward_ms']:.1f}),"
@@ -547,6 +578,9 @@ def steady(servers: dict, out: dict, tok, limit: float | None = None) -> None:
                     f" at once; {bursts}; at {readers:.1f} readers {burst:.1f} -> {ratio:.2f}x ({judge})",
                     flush=True,
                 )
+            for n in sorted({n for v in ratios.values() for n in v[2]}):  # (tokens, readers, runs, ...)
+                if e := out[name][f"burst {n}"].get("engine"):  # the judge's steps, beside the load's
+                    print(f"    the burst of {n}'s steps: {steps_said(e)}", flush=True)
 
 
 def at_readers(means: dict[int, float], readers: float) -> float:
@@ -565,8 +599,9 @@ def burst_of(server: dict, loads_: dict, n: int, tok, limit: float | None) -> li
     requests = workload("burst", n, 0, seed=100 * n + 1)
 
     def run() -> dict:
+        before = engine_counts(server)
         results, wall = asyncio.run(drive(server["port"], requests, server["ours"], server["model"], limit))
-        return figures(requests, results, wall, tok)
+        return figures(requests, results, wall, tok) | {"engine": engine_steps(before, engine_counts(server))}
 
     if (key := f"burst {n}") not in loads_:
         loads_[key] = run() | {"for_steady": True}
@@ -586,6 +621,39 @@ def engine_counts(server: dict) -> dict | None:
         return None
     m = asyncio.run(client.get_json("/metrics.json", "127.0.0.1", server["port"]))
     return m if "steps" in m else None
+
+
+SAMPLE_EVERY = 1.0  # seconds between the engine's counters read during a Poisson load (its steady window's steps)
+
+
+async def sampled(load, port: int | None):
+    """Run a load (drive()'s coroutine) while reading this server's engine counters every
+    SAMPLE_EVERY seconds (none where `port` is None): its result and the (offset s, counters)
+    read, offsets from the load's start as drive()'s are."""
+    samples: list[tuple[float, dict]] = []
+    t0 = time.perf_counter()
+
+    async def poll() -> None:
+        while True:
+            m = await client.get_json("/metrics.json", "127.0.0.1", port)
+            samples.append((time.perf_counter() - t0, m))
+            await asyncio.sleep(SAMPLE_EVERY)
+
+    task = asyncio.create_task(poll()) if port is not None else None
+    try:
+        return await load, samples
+    finally:
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+def within(samples: list[tuple[float, dict]], begin: float, end: float) -> tuple[dict | None, dict | None]:
+    """The counters read last at or before `begin` and first at or after `end` (the steady
+    window's edges, within SAMPLE_EVERY)."""
+    before = [m for t, m in samples if t <= begin]
+    after = [m for t, m in samples if t >= end]
+    return (before[-1] if before else None), (after[0] if after else None)
 
 
 def lone_step(before: dict | None, after: dict | None, rate: float | None) -> dict:
@@ -614,6 +682,36 @@ def engine_steps(before: dict | None, after: dict | None) -> dict | None:
         "sat_out_per_step": (after["rows_skipped"] - before["rows_skipped"]) / steps,
         "kv_sorts": after.get("kv_sorts", 0) - before.get("kv_sorts", 0),  # blocks.py's sorts of the slots by length
         "kv_ms": 1000 * part.get("kv", 0.0) / steps,  # the slots' bookkeeping: layouts, growth, sorts
+    } | joins(before, after, steps, part["forward"])
+
+
+def steps_said(e: dict) -> str:
+    """engine_steps() in words: rows and prompt tokens a step, and what the joining steps cost."""
+    out = f"{e['steps']} steps of {e['step_ms']:.1f} ms, {e['tokens_per_step']:.1f} tokens a step"
+    if "rows_per_step" not in e:
+        return out
+    ms = lambda x: "-" if x is None else f"{x:.1f}"  # noqa: E731
+    return (
+        out + f", {e['rows_per_step']:.1f} rows a step, {e['prompt_tokens_per_step']:.1f} prompt tokens a step;"
+        f" prompts joined {100 * e['join_share']:.0f}% of the steps, forward {ms(e['join_forward_ms'])} ms there"
+        f" against {ms(e['decode_forward_ms'])} ms in the others"
+    )
+
+
+def joins(before: dict, after: dict, steps: int, forward: float) -> dict:
+    """The rows a step ran, and what the prompts joining cost: the prompt tokens a step, the share
+    of steps they joined, those steps' forward pass and the others' (by the engine's counters; an
+    engine without them: nothing)."""
+    if "rows_run" not in after or "rows_run" not in before:
+        return {}
+    d = {k: after[k] - before[k] for k in ("rows_run", "prompt_tokens_computed", "join_steps", "join_forward_seconds")}
+    joined, alone = d["join_steps"], steps - d["join_steps"]
+    return {
+        "rows_per_step": d["rows_run"] / steps,
+        "prompt_tokens_per_step": d["prompt_tokens_computed"] / steps,
+        "join_share": joined / steps,
+        "join_forward_ms": 1000 * d["join_forward_seconds"] / joined if joined else None,
+        "decode_forward_ms": 1000 * (forward - d["join_forward_seconds"]) / alone if alone else None,
     }
 
 

@@ -128,6 +128,13 @@ def test_an_answer_with_guesses_is_the_answer_without_them_alone_and_in_a_batch(
     assert alone == expected and together == expected and without == expected
     assert m["speculate"] == SPECULATE and m["tokens_guessed"] > 0 and m_off["tokens_guessed"] == 0
     assert m["tokens_generated"] == n * len(prompts) == m_off["tokens_generated"]
+    # without guesses, alone: each answer's first token from its prompt's pass, the rest one row a
+    # step; every prompt token computed in a step that prompts joined, or copied (the steady window's
+    # counts, bench_qoe.py)
+    assert m_off["rows_run"] == (n - 1) * len(prompts) and m_off["join_steps"] >= len(prompts)
+    copied = m_off["prompt_tokens_shared"] + m_off["prompt_tokens_retained"]
+    assert 0 < m_off["prompt_tokens_computed"] <= sum(map(len, prompts)) - copied
+    assert m_off["join_forward_seconds"] > 0
     if model == "echo":  # the answer repeats its prompt: most guesses kept, fewer steps
         assert m["guesses_kept"] > m["tokens_guessed"] / 2
         assert m["steps"] < m_off["steps"] * 0.8  # (half the prompts are plain text: no message to echo)

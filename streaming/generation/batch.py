@@ -132,6 +132,11 @@ class Batch:
         # (under the lock) tokens sampled, row-steps sat out, prompt tokens copied from another row's
         # slot instead of computed, guessed tokens fed and kept (speculation.py)
         self.tokens = self.skipped = self.shared = self.guessed = self.guesses_kept = 0
+        # (under the lock) decode row-steps run, prompt tokens computed in a step's pass, the steps
+        # that prompts joined and their passes' seconds: what a steady load's steps spend on its
+        # arrivals against a burst's (bench_qoe.py's steady window)
+        self.ran = self.prefilled = self.join_steps = 0
+        self.join_seconds = 0.0
 
     def __len__(self) -> int:
         """Requests that hold a place: in the batch or being prefilled."""
@@ -255,9 +260,13 @@ class Batch:
             self.odds.passed(len(ids), self.parts.last["forward"])
             if not guessing:
                 self.costs.record(len(run), self.parts.last["forward"], self.clock())
-        if len(run) < len(self.rows):
-            with self.lock:
-                self.skipped += len(self.rows) - len(run)
+        with self.lock:
+            self.skipped += len(self.rows) - len(run)
+            self.ran += len(run)
+            if pieces:
+                self.prefilled += sum(n for _, n in pieces)
+                self.join_steps += 1
+                self.join_seconds += self.parts.last["forward"]
         for r in run:
             r.length += 1
         for r, n in pieces:
