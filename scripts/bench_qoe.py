@@ -41,9 +41,11 @@ is "more than" ours over that level. The steady-load check (issue 22 §3): each 
 this server against a burst of as many readers at once (the bursts of the whole counts on either
 side of its mean count, each run STEADY_BURSTS times, their means joined by a straight line, the
 judge), in the load's steady window where it is long enough (steady_window: `--seconds 150`),
-else over its whole busy period; with each load,
+else over its whole busy period, both sides in generated tokens (by usage); with each load,
 the engine's steps (how many, their milliseconds, tokens a step, rows sat out a step, the sorts of
-its slots by length and the milliseconds of their bookkeeping). Saves
+its slots by length and the milliseconds of their bookkeeping; in a Poisson load's steady window
+and each judging burst, the rows and prompt tokens a step and what the steps prompts joined
+cost: the engine's counters read every SAMPLE_EVERY seconds). Saves
 results/qoe.json (and results/qoe-partial.json after each load) and results/qoe.png. Benchmarks are not tests: nothing here asserts. `python
 scripts/bench.py guidellm` runs the field's tool against the same servers.
 

@@ -58,7 +58,8 @@ def test_the_benchmarks_steady_window_leaves_out_the_ramp_and_the_drain():
     """scripts/bench_qoe.py's steady window: from the first arrival plus the p90 of the answers'
     durations to the last arrival, the tokens that arrived within it and the readers served at
     once over it; None when shorter than MIN_WINDOW. Readers every 5 s from 0 to 45 s, each 10 s
-    long at a token a second: the window is 10-45 s; a failed request is left out."""
+    long at a token a second: the window is 10-45 s; a failed request is left out. The tokens
+    are generated ones, as a burst's: each answer's 10 re-tokenized tokens are 12 by its usage."""
     import sys
     from pathlib import Path
     from types import SimpleNamespace
@@ -67,7 +68,8 @@ def test_the_benchmarks_steady_window_leaves_out_the_ramp_and_the_drain():
     from bench_qoe import MIN_WINDOW, steady_window
 
     def window(starts):
-        results = [SimpleNamespace(arrivals=[float(t) for t in range(1, 11)]) for _ in starts]
+        usage = {"completion_tokens": 12}
+        results = [SimpleNamespace(arrivals=[float(t) for t in range(1, 11)], usage=usage) for _ in starts]
         timelines = {id(r): [(t, 1.0) for t in r.arrivals] for r in results}
         requests = [(float(s), 0, 10) for s in starts]
         return steady_window([*requests, (1.0, 0, 9)], [*results, OSError("refused")], timelines)
@@ -75,7 +77,7 @@ def test_the_benchmarks_steady_window_leaves_out_the_ramp_and_the_drain():
     w = window(range(0, 50, 5))
     assert (w["from_s"], w["to_s"]) == (10.0, 45.0)
     # tokens at 10-44 s: 1 of the reader from 0 s, 6 from 5 s, all 10 of 10-30 s, 9 from 35 s, 4 from 40 s
-    assert w["tokens_per_s"] == pytest.approx(70 / 35)
+    assert w["tokens_per_s"] == pytest.approx(70 * 1.2 / 35)
     assert w["readers_at_once"] == pytest.approx(70 / 35)  # 5 + 5 x 10 + 10 + 5 reader-seconds
     assert 35 >= MIN_WINDOW > 15 and window(range(0, 30, 5)) is None  # 10-25 s: too short
 
