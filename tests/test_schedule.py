@@ -243,6 +243,17 @@ def test_qoe_keeps_every_urgent_row_of_a_burst_whatever_costs_were_measured_long
     fresh.record(16, 0.2, now=9.5)  # 80 rows a second against 52.8: a smaller step is worth it
     assert len(Qoe().plan(burst, now=10.0, costs=fresh).run) == 16
     assert Qoe.worth_running([1.0] * 48, 0, fresh, now=70.0) == 48  # a minute on, nothing is fresh
+    # the whole step's cost old (warm-up's 64 rows), a smaller one's fresh (a burst of 32 just
+    # before): all of them run, and their step is learned again
+    warmed = StepCosts(weight=0.2)
+    warmed.record(64, 0.909, now=-50.0)
+    warmed.record(32, 0.150, now=9.5)
+    assert Qoe.worth_running([1.0] * 48, 0, warmed, now=10.0) == 48
+    assert len(Qoe().plan(burst, now=10.0, costs=warmed).run) == 48
+    warmed.record(48, 0.220, now=10.0)  # a stale band's average starts again from its first new step
+    assert warmed.of(48) == 0.220 and warmed.exactly(48, 10.0) == 0.220
+    warmed.record(48, 0.240, now=10.2)  # and then moves as before
+    assert warmed.of(48) == pytest.approx(0.224)
 
 
 def blocky_seconds(k):

@@ -41,11 +41,16 @@ class StepCosts:
         return next((b for b in BANDS if b >= n), n)
 
     def record(self, n: int, seconds: float, now: float | None = None) -> None:
+        """One more decode step of n rows; a band or count last measured longer than FRESH_SECONDS
+        ago starts again from it (its old average was other traffic's, or warm-up's first-touch
+        steps, and would outweigh today's for several steps)."""
         b = self.band(n)
-        self.seconds[b] = self.moved(self.seconds.get(b), seconds)
+        old = None if self.stale(self.at.get(b), now) else self.seconds.get(b)
+        self.seconds[b] = self.moved(old, seconds)
         self.at[b] = now
         if n <= EXACT_MOST:
-            self.exact[n] = (self.moved(self.exact[n][0] if n in self.exact else None, seconds), now)
+            seconds_, at = self.exact.get(n, (None, None))
+            self.exact[n] = (self.moved(None if self.stale(at, now) else seconds_, seconds), now)
 
     def moved(self, old: float | None, seconds: float) -> float:
         """A moving average after one more measurement."""
