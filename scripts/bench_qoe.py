@@ -272,12 +272,8 @@ def steady_window(requests, results, timelines: dict) -> dict | None:
     # arrivals scaled to its usage. The re-tokenized text alone holds fewer (sampled text splits
     # into fewer tokens than were sampled: 94% of them at 1/s, by the engine's own counts), and
     # set against a burst's usage that read as steps lost.
-    tokens = sum(
-        n * in_usage(r, timelines[id(r)])
-        for start, r in served
-        for t, n in timelines[id(r)]
-        if begin <= start + t < end
-    )
+    scale = {id(r): in_usage(r, timelines[id(r)]) for _, r in served}  # once an answer, not a token
+    tokens = sum(n * scale[id(r)] for start, r in served for t, n in timelines[id(r)] if begin <= start + t < end)
     overlap = sum(max(0.0, min(end, start + r.arrivals[-1]) - max(begin, start)) for start, r in served)
     return {
         "from_s": begin,
@@ -514,14 +510,14 @@ def run(args, servers: dict, tok) -> dict:
                 )
             if (w := f.get("window") or {}).get("engine"):
                 print(f"  {'':20s} {'':32s} in its steady window: {steps_said(w['engine'])}", flush=True)
+            elif e:
+                print(f"  {'':20s} {'':32s} {steps_said(e)}", flush=True)
             if kind == "rate" and f["generated_tokens"]:
                 print(
                     f"  {'':20s} {'':32s} its text re-tokenized: {f['text_tokens']:.0f} tokens of"
                     f" {f['generated_tokens']} generated ({100 * f['text_tokens'] / f['generated_tokens']:.1f}%)",
                     flush=True,
                 )
-            elif e:
-                print(f"  {'':20s} {'':32s} {steps_said(e)}", flush=True)
             if f.get("step_ms"):
                 print(
                     f"  {'':20s} {'':32s} the model's step {f['step_ms']:.1f} ms (forward {f['forward_ms']:.1f}),"

@@ -37,7 +37,7 @@ import torch
 from streaming.generation import decoder, sharing
 from streaming.generation.job import Job
 from streaming.generation.kv import KV_MEMORY, Layout, SlotKV, default_kv_memory, fits
-from streaming.generation.parts import StepParts
+from streaming.generation.parts import StepCounts, StepParts
 from streaming.generation.policy import Fifo, Qoe, StepCosts, prefill_group, stretch
 from streaming.generation.prefixes import RETAIN_MEMORY, RETAIN_STEP, Prefixes
 from streaming.generation.sampling import Draws, choose_batch
@@ -132,11 +132,7 @@ class Batch:
         # (under the lock) tokens sampled, row-steps sat out, prompt tokens copied from another row's
         # slot instead of computed, guessed tokens fed and kept (speculation.py)
         self.tokens = self.skipped = self.shared = self.guessed = self.guesses_kept = 0
-        # (under the lock) decode row-steps run, prompt tokens computed in a step's pass, the steps
-        # that prompts joined and their passes' seconds: what a steady load's steps spend on its
-        # arrivals against a burst's (bench_qoe.py's steady window)
-        self.ran = self.prefilled = self.join_steps = 0
-        self.join_seconds = 0.0
+        self.counts = StepCounts()  # (under the lock) rows run, prompt tokens joined (bench_qoe.py's steady window)
 
     def __len__(self) -> int:
         """Requests that hold a place: in the batch or being prefilled."""
@@ -262,11 +258,7 @@ class Batch:
                 self.costs.record(len(run), self.parts.last["forward"], self.clock())
         with self.lock:
             self.skipped += len(self.rows) - len(run)
-            self.ran += len(run)
-            if pieces:
-                self.prefilled += sum(n for _, n in pieces)
-                self.join_steps += 1
-                self.join_seconds += self.parts.last["forward"]
+            self.counts.step(len(run), [n for _, n in pieces], self.parts.last["forward"])
         for r in run:
             r.length += 1
         for r, n in pieces:

@@ -153,10 +153,7 @@ class BatchEngine:
                 "steps": self.steps,
                 "tokens_generated": b.tokens,
                 "rows_skipped": b.skipped,  # row-steps the qoe policy sat out
-                "rows_run": b.ran,  # decode row-steps run
-                "prompt_tokens_computed": b.prefilled,  # prompt tokens through a step's pass
-                "join_steps": b.join_steps,  # steps that prompts joined
-                "join_forward_seconds": round(b.join_seconds, 3),  # their passes' seconds
+                **b.counts.metrics(),  # rows run, prompt tokens joined, the join steps' passes (parts.py)
                 "kv_sorts": b.kv.sorts,  # the slots sorted by length (blocks.py)
                 "prefix_hits": b.prefixes.hits,  # prompts prefilled after a kept shared beginning
                 "prompt_tokens_shared": b.shared,  # copied from a row in the batch with the same beginning
