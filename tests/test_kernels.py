@@ -493,3 +493,69 @@ def test_the_whole_model_judges_the_kernels_close_to_each_shapes_fastest_among_t
     assert head.table + [head.prefill] == tables[head_name]
     assert ran == {"linear", "wxt"}
     assert kernels.measure(net, tmp_path) == tables  # kept as judged
+
+
+def test_a_quantized_models_tables_run_against_its_dense_kernels_and_lose_to_them_where_slower(tmp_path, monkeypatch):
+    """Each shape's own timing (faked) put the int8 kernel first and `wxt` first among the dense
+    ones. In the model (sleeps) the int8 kernel is the fastest below 64 rows and slower than `wxt`
+    from there, `linear` the slowest everywhere: check() gives the row counts from 64 on `wxt`, the
+    shapes' fastest dense kernel (not `linear`), and leaves int8 below; the kept file says so."""
+    net = quant.quantize(tiny_model(lm.load_tokenizer()).to(torch.float32), "int8")
+    kernels.wrap(net)
+
+    def timings(sample, rows):
+        return {k: {"int8": 0.5, "wxt": 0.8, "linear": 1.0}.get(k, 2.0) for k in sample[0].candidates(rows)}
+
+    monkeypatch.setattr(kernels, "timings", timings)
+    monkeypatch.setattr(judging, "CONFIRM_ROUNDS", 3)
+    slept = {"linear": lambda _: 0.002, "wxt": lambda _: 0.0005, "int8": lambda rows: 0.004 if rows >= 64 else 0}
+    for name in ("linear", "wxt"):  # (each the plain product: `wxt`'s own copies the output layer's wide rows)
+        monkeypatch.setitem(kernels.KERNELS, name, sleeping(kernels.linear, slept[name]))
+    run = quant.QuantLinear.run
+
+    def slow_int8(layer, name, x):  # (the product itself a dense one: the real int8 kernel's speed varies by CPU)
+        if name != "int8":
+            return run(layer, name, x)
+        time.sleep(slept["int8"](x.shape[0]))
+        return torch.nn.functional.linear(x, layer.weight, layer.bias)
+
+    monkeypatch.setattr(quant.QuantLinear, "run", slow_int8)
+    tables = kernels.measure(net, tmp_path, step=lambda n: whole_pass(net, n))
+    want = ["int8"] * ROWS.index(64) + ["wxt"] * (len(ROWS) + 1 - ROWS.index(64))
+    assert all(t == want for t in tables.values()), tables
+    assert kernels.measure(net, tmp_path) == tables  # kept as checked
+
+
+def sleeping(kernel, seconds):
+    def slept(layer, x):
+        time.sleep(seconds(x.shape[0]))
+        return kernel(layer, x)
+
+    return slept
+
+
+class Layer:
+    """What judging's passes need of a layer: a table, a prefill kernel, one to force."""
+
+    def __init__(self) -> None:
+        self.table, self.prefill, self.fixed = ["wxt"] * len(ROWS), "wxt", None
+
+    def pick(self, _rows):
+        return self.fixed or self.table[0]
+
+
+@pytest.mark.parametrize("again", [True, False])
+def test_a_row_count_goes_back_to_linear_only_when_its_tables_lose_twice(again):
+    """The chosen tables' passes are slow in check()'s first rounds only, or always: a loss seen
+    once (the machine's noise) keeps the tables; one seen again sets the row count back."""
+    layers = [Layer(), Layer()]
+    calls = []
+
+    def step(_n):
+        chosen = layers[0].fixed is None
+        calls.append(chosen)
+        slow = chosen and (again or calls.count(True) <= judging.CHECK_ROUNDS + 1)
+        time.sleep(0.004 if slow else 0.002 if not chosen else 0)
+
+    assert judging.check(layers, step, [8]) == ({0: "linear"} if again else {})
+    assert calls.count(True) == judging.CHECK_ROUNDS + judging.CONFIRM_ROUNDS + 2  # each after one to warm up

@@ -13,8 +13,9 @@ prefills' 512 (in turn, medians of 14). So:
   passes took at most MARGIN of the table's (COPY_MARGIN for a copy of the weight its table did
   not keep). The shapes' changes at a row count are then run together against the table before
   them, and kept only if they won together.
-- `check()`: the tables then run against `linear` everywhere; where they lost, the caller sets
-  that row count back to `linear`.
+- `check()`: the tables then run against `linear` everywhere, and a quantized model's against
+  its dense kernels too; where they lost (and lost again), the caller sets that row count back
+  to the winner.
 
 Leaves out: timing a layer on its own, and keeping the tables (kernels.py); searching every
 combination (a pass per kernel per shape per row count is all the time a load can spend: the
@@ -37,6 +38,7 @@ MARGIN = 0.97  # tune(): a pass must take at most this share of the table's (the
 # up to the weight's size again), this share: twice the noise margin, for one shape's part of a pass
 COPY_MARGIN = 0.94
 CHECK_ROUNDS = 3  # check(): whole-model passes of each kind at each row count, judged by their median
+CONFIRM_ROUNDS = 5  # check(): a loss seen there, seen again in this many more rounds (noise decides nothing)
 log = logging.getLogger("streaming.model")
 K = TypeVar("K")
 
@@ -119,30 +121,46 @@ def forced_pass(forced: Sequence[tuple[Sequence[Chosen], str]], step: Callable[[
                 layer.fixed = None
 
 
-def check(layers: Sequence[Chosen], step: Callable[[int], Any], counts: Sequence[int]) -> list[int]:
+def check(
+    layers: Sequence[Chosen],
+    step: Callable[[int], Any],
+    counts: Sequence[int],
+    rival: Callable[[int], Sequence[tuple[Sequence[Chosen], str]]] | None = None,
+) -> dict[int, str]:
     """Whole passes of the model over n tokens at each row count (n rows through every layer, as
     the batched engine's flat steps run them), with the kernels chosen against `linear`
-    everywhere, in turn, CHECK_ROUNDS after one to warm up; the indices of the row counts where
-    the chosen ones were slower by their medians, each set back to `linear` by the caller. A
-    kernel timed on its own can lose inside the model, among the others: on the AMX Xeon, for the
-    bundled model in bfloat16, whole 128-token passes took 167 ms with the `wxt` every shape's own
-    timing had chosen against 153 with `linear` everywhere (another load: 128 and 256 set back),
-    while from 1 to 64 rows the tables won (55 against 72 ms at 1, 102 against 108 at 64)."""
-    slower, said = [], []
+    everywhere, and where `rival(i)` names layers to force (a quantized model: each quantized
+    kernel the tables chose at counts[i] replaced by its shape's fastest dense one), against that
+    too, in turn, CHECK_ROUNDS after one to warm up. Returns {index: "linear" or "dense"} for the
+    row counts where the tables lost to that one, the loss seen again in CONFIRM_ROUNDS more (one
+    pass in three rounds on this shared machine decides little alone: whole passes of the same
+    tables moved 7% between two runs a minute apart here). A kernel timed on its own can lose inside the model,
+    among the others: on the AMX Xeon, for the bundled model in bfloat16, whole 128-token passes
+    took 167 ms with the `wxt` every shape's own timing had chosen against 153 with `linear`
+    everywhere, while from 1 to 64 rows the tables won (55 against 72 ms at 1, 102 against 108 at
+    64). The dense rival is what makes a quantized model never slower than its dense kernels at a
+    row count (as far as passes at load can tell)."""
+    lost: dict[int, str] = {}
+    said: list[str] = []
     for i, n in enumerate(counts):
-        if all(layer.pick(n) == "linear" for layer in layers):
+        forced = list(rival(i)) if rival is not None else []
+        if all(layer.pick(n) == "linear" for layer in layers) and not forced:
             continue
-        runs = {
-            None: functools.partial(step, n),
-            "linear": functools.partial(forced_pass, [(layers, "linear")], step, n),
-        }
+        runs: dict[str | None, Callable[[], Any]] = {None: functools.partial(step, n)}
+        if any(layer.pick(n) != "linear" for layer in layers):
+            runs["linear"] = functools.partial(forced_pass, [(layers, "linear")], step, n)
+        if forced:
+            runs["dense"] = functools.partial(forced_pass, forced, step, n)
         median = medians(runs, CHECK_ROUNDS)
-        chosen, plain = median[None], median["linear"]
-        said.append(f"{n}: {1000 * chosen:.1f} against {1000 * plain:.1f} ms")
-        if chosen > plain:
-            slower.append(i)
-    log.info("kernels in the model, chosen against linear everywhere, by rows: %s", "; ".join(said))
-    return slower
+        best = min(runs, key=median.__getitem__)
+        said.append(", ".join(f"{k or 'chosen'} {1000 * t:.1f}" for k, t in median.items()) + f" ms at {n}")
+        if best is not None:
+            again = medians({None: runs[None], best: runs[best]}, CONFIRM_ROUNDS)
+            said[-1] += f" (again: {1000 * again[None]:.1f} against {1000 * again[best]:.1f})"
+            if again[best] < again[None]:
+                lost[i] = best
+    log.info("kernels in the model, the tables chosen against their rivals: %s", "; ".join(said))
+    return lost
 
 
 def medians(runs: Mapping[K, Callable[[], Any]], rounds: int) -> dict[K, float]:

@@ -32,8 +32,8 @@ judged at the plain margin at the others, from the same timings (`table_of`: its
 Then the whole model judges them (judging.py): at each row count, each kernel close to its
 shape's fastest on its own runs in whole passes among the others (`tune()`: a kernel that wins
 alone can lose among the others, and the reverse), and the tables run against `linear`
-everywhere (`check()`), which takes back the row counts where they lost; the tables are kept
-after it. One process on a machine times at a time (`timing_alone`): timings taken beside
+everywhere, and a quantized model's against its dense kernels (`check()`), which takes back the
+row counts where they lost twice (to the winner); the tables are kept after it. One process on a machine times at a time (`timing_alone`): timings taken beside
 another's are the contention's.
 
 Leaves out: GPUs and MPS (their libraries choose well: only the CPU is measured).
@@ -69,7 +69,7 @@ ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # row counts measured; a count betwee
 PREFILL_ROWS = 512
 MARGIN = 0.97  # a kernel replaces `linear` only when its median time is at most 97% of linear's (noise)
 COPY_MARGIN = 0.9  # one that keeps a copy of the weight (COPYING), at most 90%: it costs memory
-FORMAT = "kernels-7"  # the kept file's format: a change of it, or of what is timed, times again
+FORMAT = "kernels-8"  # the kept file's format: a change of it, or of what is timed, times again
 ROUNDS = 5  # timings of each candidate at each row count, judged by their median
 SAMPLE_BYTES = 64 << 20  # weights timed per shape: more than a CPU's last-level cache, as in a real step
 LOCK_FILE = "kernels.lock"  # in the kept tables' folder: one process times at a time (timing_alone)
@@ -289,14 +289,33 @@ def measure(
                 tables = judging.tune(
                     groups, timed, tables, step, counts, margins(groups), functools.partial(give, groups)
                 )
-                if slower := judging.check([*itertools.chain(*groups.values())], step, counts):
-                    tables = {
-                        name: [("linear" if i in slower else k) for i, k in enumerate(t)] for name, t in tables.items()
-                    }
-                    give(groups, tables)
+                dense = {name: dense_table(times, layers[0].copying) for name, times in timed.items()}
+                rival = functools.partial(dense_rival, groups, tables, dense)
+                lost = judging.check([*itertools.chain(*groups.values())], step, counts, rival)
+                for name, t in tables.items():
+                    for i, winner in lost.items():
+                        t[i] = "linear" if winner == "linear" else dense[name][i]
+                give(groups, tables)  # (and drops the copies the rival's passes made)
         if path is not None and not kept:
             keep_tables(path, tables)
     return tables
+
+
+def dense_table(timed: list[dict[str, float]], copying: tuple[str, ...]) -> list[str]:
+    """A shape's table among its dense kernels alone (those of KERNELS, not a quantized layer's own
+    product): what check() runs against a quantized model's tables."""
+    return table_of([{k: t for k, t in median.items() if k in KERNELS} for median in timed], copying)
+
+
+def dense_rival(
+    groups: dict[str, list[ChosenLinear]],
+    tables: dict[str, list[str]],
+    dense: dict[str, list[str]],
+    i: int,
+) -> list[tuple[list[ChosenLinear], str]]:
+    """At counts[i], the shapes whose table runs a quantized kernel there, each with its fastest
+    dense one (none: nothing to check against)."""
+    return [(groups[name], dense[name][i]) for name, t in tables.items() if t[i] not in KERNELS]
 
 
 def margins(groups: dict[str, list[ChosenLinear]]) -> Callable[[str, str, list[str]], float]:
