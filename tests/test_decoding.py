@@ -3,6 +3,8 @@ token i's draw depends only on the seed and i (a continuation samples as the ori
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from decoding import Draws, choose, choose_batch, uniform
 
@@ -104,7 +106,7 @@ def test_a_batch_samples_each_row_as_choose_does_alone_whichever_way_its_nucleus
     nucleus is a few hundred tokens, one of a few thousand (past the top-k tiers), a flat one, and
     a greedy one; bfloat16 logits too."""
     g = torch.Generator().manual_seed(5)
-    vocab = 20000
+    vocab = 20480  # (whole pieces of PICK_PIECE: top_p 1's draw piece by piece)
     peaked = torch.randn(vocab, generator=g) * 4
     wider = torch.randn(vocab, generator=g) * 0.3
     wider[:300] += 4.0  # ~300 likely tokens
@@ -158,3 +160,35 @@ def test_choose_batch_leaves_the_callers_logits_as_they_were():
     before = logits.clone()
     choose_batch(logits, [Draws(i) for i in range(3)], [0.7, 1.3, 0], [0.9, 1.0, 0.9])
     assert torch.equal(logits, before)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    pieces=st.integers(2, 12),
+    zeros=st.floats(0.0, 0.95),
+    seed=st.integers(0, 2**32 - 1),
+    edge=st.sampled_from([0.0, 0.5, 1 - 2**-24]),
+)
+def test_the_draw_found_piece_by_piece_is_never_an_impossible_token_and_mostly_the_plain_ones(
+    pieces, zeros, seed, edge
+):
+    """pick_any over a row that divides into pieces (sums of pieces first, then one piece token by
+    token): whatever the zeros (whole pieces of them, the last ones too) and draws (0, the
+    largest), a token of probability zero never comes; and it is the plain running sum's token but
+    where the two sums round differently at an edge (the same law)."""
+    from streaming.generation.sampling import PICK_PIECE, pick_any, pick_flat
+
+    g = torch.Generator().manual_seed(seed)
+    probs = torch.rand(3, pieces * PICK_PIECE, generator=g)
+    probs[torch.rand(probs.shape, generator=g) < zeros] = 0.0
+    probs[1, -PICK_PIECE:] = 0.0  # a last piece with nothing in it
+    probs[2, : PICK_PIECE * (pieces // 2)] = 0.0  # nothing in the first half
+    probs[:2, 5] = probs[2, PICK_PIECE * (pieces // 2)] = 0.5  # every row has a likely token
+    probs /= probs.sum(-1, keepdim=True)
+    for us in ([edge] * 3, [uniform(seed, i) for i in range(3)]):
+        picked = pick_any(probs, us)
+        assert all(probs[r, t] > 0 for r, t in enumerate(picked))
+        assert picked == [pick_any(probs[r : r + 1], [us[r]])[0] for r in range(3)]  # each row on its own
+    draws = [uniform(seed, i) for i in range(200)]
+    agree = sum(pick_any(probs[:1], [u]) == pick_flat(probs[:1], [u]) for u in draws)
+    assert agree >= 190

@@ -37,6 +37,9 @@ SUM_DTYPE = {"mps": torch.float32}
 # stay in the cache; all 64 at once (39 MB, allocated afresh) took 71 ms against 16 in blocks of 8
 # here (top_p 1), 125 against 78 (top_p 0.9, random logits).
 SAMPLE_ROWS = 8
+# pick_any: a row's probabilities summed in pieces of this many tokens first, then only the piece
+# the draw lands in token by token (Qwen's 151,936 is 1,187 pieces of 128)
+PICK_PIECE = 128
 MASK64 = (1 << 64) - 1
 
 
@@ -88,7 +91,33 @@ def choose(
 def pick_any(probs: torch.Tensor, us: Sequence[float]) -> list[int]:
     """Inverse-CDF sampling over rows of probabilities in any order (some may be zero), row i
     with draw us[i]: the index whose cumulative share first passes the draw, never one of
-    probability zero."""
+    probability zero. Found in two steps where the row divides into PICK_PIECE-token pieces: the
+    pieces' sums say which piece the draw lands in, and only that piece is summed token by token:
+    choose_batch at top_p 1 on the bundled model's logits (300-token context, medians of 15, in
+    turn) took 0.92 against 1.34 ms for 8 rows, 6.26 against 8.18 for 48, the same tokens. Each
+    row's token depends on its own probabilities and draw alone; it is the one running sum's token
+    but where the two sums round differently at an edge (the same law: a seeded text may differ
+    from an earlier version's, rarely)."""
+    n, vocab = probs.shape
+    if vocab % PICK_PIECE or vocab <= PICK_PIECE:
+        return pick_flat(probs, us)
+    pieces = probs.reshape(n, vocab // PICK_PIECE, PICK_PIECE)
+    cdf = torch.cumsum(pieces.sum(-1), dim=-1)
+    x = torch.tensor(us, device=cdf.device, dtype=cdf.dtype).unsqueeze(1) * cdf[:, -1:]
+    piece = torch.searchsorted(cdf, x, right=True).clamp_(max=cdf.shape[1] - 1)
+    before = torch.where(piece > 0, cdf.gather(1, (piece - 1).clamp_(min=0)), torch.zeros_like(x))
+    inside = pieces[torch.arange(n, device=probs.device), piece.flatten()]  # (n, PICK_PIECE)
+    index = torch.searchsorted(torch.cumsum(inside, dim=-1) + before, x, right=True)
+    # (rare) rounding took the draw past its piece's last likely token: that row the plain way
+    past = (index >= PICK_PIECE) | ~(inside.gather(1, index.clamp(max=PICK_PIECE - 1)) > 0)
+    out = (piece * PICK_PIECE + index).flatten().tolist()
+    for i in torch.nonzero(past.flatten()).flatten().tolist():
+        out[i] = pick_flat(probs[i : i + 1], [us[i]])[0]
+    return out
+
+
+def pick_flat(probs: torch.Tensor, us: Sequence[float]) -> list[int]:
+    """pick_any over each whole row at once: one running sum along it."""
     cdf = torch.cumsum(probs, dim=-1)
     x = torch.tensor(us, device=cdf.device, dtype=cdf.dtype).unsqueeze(1) * cdf[:, -1:]
     out = torch.searchsorted(cdf, x, right=True).flatten().tolist()

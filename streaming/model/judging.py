@@ -126,12 +126,13 @@ def check(
     step: Callable[[int], Any],
     counts: Sequence[int],
     rival: Callable[[int], Sequence[tuple[Sequence[Chosen], str]]] | None = None,
+    after: Callable[[], None] | None = None,
 ) -> dict[int, str]:
     """Whole passes of the model over n tokens at each row count (n rows through every layer, as
     the batched engine's flat steps run them), with the kernels chosen against `linear`
     everywhere, and where `rival(i)` names layers to force (a quantized model: each quantized
-    kernel the tables chose at counts[i] replaced by its shape's fastest dense one), against that
-    too, in turn, CHECK_ROUNDS after one to warm up. Returns {index: "linear" or "dense"} for the
+    kernel the tables chose at counts[i] replaced by its shape's fastest dense one by their own
+    timings at load), against that too, in turn, CHECK_ROUNDS after one to warm up. Returns {index: "linear" or "dense"} for the
     row counts where the tables lost to that one, the loss seen again in CONFIRM_ROUNDS more (one
     pass in three rounds on this shared machine decides little alone: whole passes of the same
     tables moved 7% between two runs a minute apart here). A kernel timed on its own can lose inside the model,
@@ -159,6 +160,8 @@ def check(
             said[-1] += f" (again: {1000 * again[None]:.1f} against {1000 * again[best]:.1f})"
             if again[best] < again[None]:
                 lost[i] = best
+        if after is not None:  # (the caller's: e.g. drop the weight copies this row count's passes made)
+            after()
     log.info("kernels in the model, the tables chosen against their rivals: %s", "; ".join(said))
     return lost
 

@@ -289,13 +289,16 @@ def measure(
                 tables = judging.tune(
                     groups, timed, tables, step, counts, margins(groups), functools.partial(give, groups)
                 )
-                dense = {name: dense_table(times, layers[0].copying) for name, times in timed.items()}
+                dense = {name: dense_table(times, groups[name][0].copying) for name, times in timed.items()}
                 rival = functools.partial(dense_rival, groups, tables, dense)
-                lost = judging.check([*itertools.chain(*groups.values())], step, counts, rival)
-                for name, t in tables.items():
-                    for i, winner in lost.items():
-                        t[i] = "linear" if winner == "linear" else dense[name][i]
-                give(groups, tables)  # (and drops the copies the rival's passes made)
+                everyone = [*itertools.chain(*groups.values())]
+                # (give after each row count: the tables again, without the copies the rival's passes made)
+                lost = judging.check(everyone, step, counts, rival, functools.partial(give, groups, tables))
+                for i, winner in lost.items():
+                    for name, t in tables.items():  # the winner's kernels: a dense one only where the rival forced one
+                        if winner == "linear" or t[i] not in KERNELS:
+                            t[i] = "linear" if winner == "linear" else dense[name][i]
+                give(groups, tables)
         if path is not None and not kept:
             keep_tables(path, tables)
     return tables
