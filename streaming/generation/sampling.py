@@ -105,7 +105,7 @@ def pick_any(probs: torch.Tensor, us: Sequence[float]) -> list[int]:
     cdf = torch.cumsum(pieces.sum(-1), dim=-1)
     x = torch.tensor(us, device=cdf.device, dtype=cdf.dtype).unsqueeze(1) * cdf[:, -1:]
     piece = torch.searchsorted(cdf, x, right=True).clamp_(max=cdf.shape[1] - 1)
-    before = torch.where(piece > 0, cdf.gather(1, (piece - 1).clamp_(min=0)), torch.zeros_like(x))
+    before = torch.nn.functional.pad(cdf, (1, 0)).gather(1, piece)  # the mass of the pieces before it
     inside = pieces[torch.arange(n, device=probs.device), piece.flatten()]  # (n, PICK_PIECE)
     index = torch.searchsorted(torch.cumsum(inside, dim=-1) + before, x, right=True)
     # (rare) rounding took the draw past its piece's last likely token: that row the plain way

@@ -132,11 +132,12 @@ def check(
     the batched engine's flat steps run them), with the kernels chosen against `linear`
     everywhere, and where `rival(i)` names layers to force (a quantized model: each quantized
     kernel the tables chose at counts[i] replaced by its shape's fastest dense one by their own
-    timings at load), against that too, in turn, CHECK_ROUNDS after one to warm up. Returns {index: "linear" or "dense"} for the
-    row counts where the tables lost to that one, the loss seen again in CONFIRM_ROUNDS more (one
-    pass in three rounds on this shared machine decides little alone: whole passes of the same
-    tables moved 7% between two runs a minute apart here). A kernel timed on its own can lose inside the model,
-    among the others: on the AMX Xeon, for the bundled model in bfloat16, whole 128-token passes
+    timings at load), against that too, in turn, CHECK_ROUNDS after one to warm up. Returns
+    {index: "linear" or "dense"} for the row counts where the tables lost to that one, the loss
+    seen again in CONFIRM_ROUNDS more (three rounds on this shared machine decide little alone:
+    the bundled model's bfloat16 tables took 1694.4 ms a 512-token pass in them against 1690.8
+    with `linear`, then 1436.9 against 1591.2 in the next five). A kernel timed on its own can lose
+    inside the model, among the others: on the AMX Xeon, for the bundled model in bfloat16, whole 128-token passes
     took 167 ms with the `wxt` every shape's own timing had chosen against 153 with `linear`
     everywhere, while from 1 to 64 rows the tables won (55 against 72 ms at 1, 102 against 108 at
     64). The dense rival is what makes a quantized model never slower than its dense kernels at a
@@ -145,10 +146,11 @@ def check(
     said: list[str] = []
     for i, n in enumerate(counts):
         forced = list(rival(i)) if rival is not None else []
-        if all(layer.pick(n) == "linear" for layer in layers) and not forced:
+        plain = all(layer.pick(n) == "linear" for layer in layers)
+        if plain and not forced:
             continue
         runs: dict[str | None, Callable[[], Any]] = {None: functools.partial(step, n)}
-        if any(layer.pick(n) != "linear" for layer in layers):
+        if not plain:
             runs["linear"] = functools.partial(forced_pass, [(layers, "linear")], step, n)
         if forced:
             runs["dense"] = functools.partial(forced_pass, forced, step, n)

@@ -33,8 +33,8 @@ Then the whole model judges them (judging.py): at each row count, each kernel cl
 shape's fastest on its own runs in whole passes among the others (`tune()`: a kernel that wins
 alone can lose among the others, and the reverse), and the tables run against `linear`
 everywhere, and a quantized model's against its dense kernels (`check()`), which takes back the
-row counts where they lost twice (to the winner); the tables are kept after it. One process on a machine times at a time (`timing_alone`): timings taken beside
-another's are the contention's.
+row counts where they lost twice (to the winner); the tables are kept after it. One process on a
+machine times at a time (`timing_alone`): timings taken beside another's are the contention's.
 
 Leaves out: GPUs and MPS (their libraries choose well: only the CPU is measured).
 """
@@ -295,9 +295,11 @@ def measure(
                 # (give after each row count: the tables again, without the copies the rival's passes made)
                 lost = judging.check(everyone, step, counts, rival, functools.partial(give, groups, tables))
                 for i, winner in lost.items():
-                    for name, t in tables.items():  # the winner's kernels: a dense one only where the rival forced one
-                        if winner == "linear" or t[i] not in KERNELS:
-                            t[i] = "linear" if winner == "linear" else dense[name][i]
+                    for name, t in tables.items():
+                        if winner == "linear":
+                            t[i] = "linear"
+                        elif t[i] not in KERNELS:  # (the dense rival forced only the quantized kernels)
+                            t[i] = dense[name][i]
                 give(groups, tables)
         if path is not None and not kept:
             keep_tables(path, tables)
