@@ -500,7 +500,7 @@ def engine_parts(lm, out):
     print(f"the engine's step by part, ms (a {PARTS_CONTEXT}-token context, {out['dtype']}):", flush=True)
     print(
         f"  rows  step  forward  sampling    kv  hand-off | half the rows sit out: step  kv"
-        f" | {JOINING} prompts join ({sum(map(len, chats[:JOINING]))} tokens): step",
+        f" | {JOINING} prompts join ({sum(map(len, chats[:JOINING]))} tokens): step  forward",
         flush=True,
     )
     for b in (1, 2, 4, 8, 16, 32, 64):
@@ -509,7 +509,7 @@ def engine_parts(lm, out):
         a, h = t["all"], t["half"]
         print(
             f"  {b:4d} {a['step']:5.0f} {a['forward']:8.0f} {a['sampling']:9.1f} {a['kv']:5.1f} {a['hand_off']:9.1f}"
-            f" | {h['step']:27.0f} {h['kv']:3.1f} | {t['join']['step']:5.0f}",
+            f" | {h['step']:27.0f} {h['kv']:3.1f} | {t['join']['step']:5.0f} {t['join']['forward']:8.0f}",
             flush=True,
         )
     return result
@@ -548,7 +548,8 @@ async def parts_at(lm, b, ids, chats, params):
         e.batch.parts.reset()
         t0 = time.perf_counter()
         e.batch.step()
-        timed["join"] = {"step": 1000 * (time.perf_counter() - t0), **e.batch.parts.snapshot()}
+        join = 1000 * (time.perf_counter() - t0)
+        timed["join"] = {"step": join, **{k: 1000 * v for k, v in e.batch.parts.snapshot().items()}}
     for job in jobs:
         job.stop.set()
     return timed
