@@ -69,7 +69,7 @@ ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # row counts measured; a count betwee
 PREFILL_ROWS = 512
 MARGIN = 0.97  # a kernel replaces `linear` only when its median time is at most 97% of linear's (noise)
 COPY_MARGIN = 0.9  # one that keeps a copy of the weight (COPYING), at most 90%: it costs memory
-FORMAT = "kernels-8"  # the kept file's format: a change of it, or of what is timed, times again
+FORMAT = "kernels-9"  # the kept file's format: a change of it, or of what is timed, times again
 ROUNDS = 5  # timings of each candidate at each row count, judged by their median
 SAMPLE_BYTES = 64 << 20  # weights timed per shape: more than a CPU's last-level cache, as in a real step
 LOCK_FILE = "kernels.lock"  # in the kept tables' folder: one process times at a time (timing_alone)
@@ -107,8 +107,12 @@ def blocked(layer: ChosenLinear, x: torch.Tensor) -> torch.Tensor:
     which it lays out again at every call, reading the whole weight an extra time. Measured on the
     Intel Xeon with AMX, bfloat16, 24 layers' distinct weights: the fused 896 x 9728 gate and up
     product 0.84 against 1.32 ms at 16 rows, 5.7 against 7.4 at 512; the output layer 11.9
-    against 18.0 ms at 16 rows; at one row torch.mv is as fast and needs no copy. The same bits as
-    `linear` here in bfloat16. Offered where torch has oneDNN's ops (its CPU builds for x86 and ARM)."""
+    against 18.0 ms at 16 rows; at one row torch.mv is as fast there. On the AMD EPYC with AVX-512
+    BF16 (no AMX) it wins at one row too, where a one-row step had cost more than a two-row one (70
+    against 57 ms, `bench.py profile`): 24 layers' distinct weights at one row, 17.2 against 27.1
+    ms (`linear`) and 39.8 (`mv`) for the gate and up product, 10.2 against 19.3 and 30.0 for the
+    output layer. The same bits as `linear` here in bfloat16. Offered where torch has oneDNN's ops
+    (its CPU builds for x86 and ARM)."""
     return torch.ops.mkldnn._linear_pointwise(x, layer.blocked_weight(), layer.bias, "none", [], "")
 
 
@@ -181,7 +185,7 @@ class ChosenLinear(torch.nn.Module):
         if rows >= WIDE_ROWS:
             return ["linear", "wxt", *(["f32"] if self.weight.dtype in HALF else []), *dnn]
         if rows == 1:
-            return ["linear", "mv", "xwt"]
+            return ["linear", "mv", "xwt", *dnn]
         return ["linear", "wxt", *(["xwt"] if rows <= COPY_ROWS else []), *dnn]
 
     def blockable(self) -> bool:
