@@ -23,10 +23,11 @@ here for the 896 x 4864 MLP weights and the 151,936-row output layer, not for th
 timed at one and two rows only, and a layer keeps the copy only if its table chose it (the
 bundled model in float32: ~1.4 GB more, beside the 2 GB of weights). At one row `mv` (torch's
 matrix-vector product) needs no copy: on an Intel Xeon with AVX-512 BF16 it took the bundled
-model's one-row step in bfloat16 from 92 to 63 ms, every layer choosing it. From two rows,
+model's one-row step in bfloat16 from 92 to 63 ms, every layer choosing it. At every row count,
 where torch has oneDNN, `dnn` multiplies by a copy of the weight laid out once in oneDNN's
 blocked format (`linear` lays the plain weight out again at every call): on the Xeon with AMX it
-took a 64-row bfloat16 step from 140 to 110 ms. A copy that a table keeps for some row counts is
+took a 64-row bfloat16 step from 140 to 110 ms, and on the AMD EPYC without AMX a one-row step
+from 71 to 51 ms (a candidate from two rows only until FORMAT kernels-9). A copy that a table keeps for some row counts is
 judged at the plain margin at the others, from the same timings (`table_of`: its memory is paid once).
 
 Then the whole model judges them (judging.py): at each row count, each kernel close to its
