@@ -371,7 +371,10 @@ def all_(args):
     try:
         model_args = ["--model", args.model] + (["--dtype", args.dtype] if args.dtype else [])
         say(f"starting the server and the --naive server (model {args.model})")
-        server = Server("server", "--port", str(args.port), *model_args)
+        # the article's check of "the same text all three ways" compares the transports, so each
+        # request gets the same arithmetic: no guessed tokens, no retained prompt (README, "seed")
+        exact = ["--speculate", "0", "--retain-memory", "0"]
+        server = Server("server", "--port", str(args.port), *model_args, *exact)
         naive = Server("naive server", "--naive", "--port", str(args.naive_port), *model_args)
         children += [server, naive]
         for child in (server, naive):
