@@ -39,8 +39,8 @@ from the peer's QoE at the lowest measured rate at or past twice the lowest). A 
 0 (no rate held, no burst served) is read as a bound: below the lowest level measured, so the ratio
 is "more than" ours over that level. The steady-load check (issue 22 §3): each Poisson load on
 this server against a burst of as many readers at once (the bursts of the whole counts on either
-side of its mean count, each run STEADY_BURSTS times, their means joined by a straight line, the
-judge), in the load's steady window where it is long enough (steady_window: `--seconds 150`),
+side of its mean count, each run STEADY_BURSTS times right after the load, their means joined by
+a straight line, the judge), in the load's steady window where it is long enough (steady_window: `--seconds 150`),
 else over its whole busy period, both sides in generated tokens (by usage); with each load,
 the engine's steps (how many, their milliseconds, tokens a step, rows sat out a step, the sorts of
 its slots by length and the milliseconds of their bookkeeping; in a Poisson load's steady window
@@ -524,61 +524,62 @@ def run(args, servers: dict, tok) -> dict:
                     f" the reader's gap {f['gap_ms']:.1f} ms: {f['gap_ms'] / f['step_ms']:.3f}x the step",
                     flush=True,
                 )
-    steady(servers, out, tok, args.load_limit)
+            if kind == "rate" and s["ours"]:
+                steady(s, name, f"{kind} {x:g}", f, tok, args.load_limit)
+                client.save(Path(args.results) / "qoe-partial.json", out)
     return out
 
 
-def steady(servers: dict, out: dict, tok, limit: float | None = None) -> None:
-    """§3's check: for each Poisson load on this server, bursts of as many readers as it served at
-    once right after (the whole counts on either side, at_readers: between them), and the ratio of
-    the steady load's tokens a second to the burst's:
+def steady(s: dict, name: str, key: str, f: dict, tok, limit: float | None = None) -> None:
+    """§3's check for one Poisson load on this server (`f`, its figures under `key`), run right after
+    the load: bursts of as many readers as it served at once (the whole counts on either side,
+    at_readers: between them), and the ratio of the steady load's tokens a second to the burst's:
     in its steady window (steady_window: without the ramp and the drain), the goal's judge, and
     over its whole busy period, printed beside it. The peer is not measured (the goal is this
-    engine's)."""
-    for name, s in servers.items():
-        if not s["ours"]:
+    engine's). The bursts run next to the load they judge: run at the end of the whole run, the
+    judge of run55's 1/s load (w8a8) came about half an hour after it, on a machine that drifts 2x
+    in that time."""
+    if not f["busy_tokens_per_s"] or f["cut"]:
+        return  # (a cut load's tokens/s is not its own: no ratio)
+    win = f.get("window")
+    parts = [("busy", f["readers_at_once"], f["busy_tokens_per_s"])]
+    if win:
+        parts.append(("window", win["readers_at_once"], win["tokens_per_s"]))
+    bursts: dict = f.setdefault("steady_bursts", {})  # n -> its runs' tokens/s and the first run's steps
+    ratios = {}
+    for part, readers, tokens in parts:
+        if readers < 1 or not tokens:
             continue
-        for key, f in list(out[name].items()):
-            if not key.startswith("rate") or not f["busy_tokens_per_s"] or f["cut"]:
-                continue  # (a cut load's tokens/s is not its own: no ratio)
-            win = f.get("window")
-            parts = [("busy", f["readers_at_once"], f["busy_tokens_per_s"])]
-            if win:
-                parts.append(("window", win["readers_at_once"], win["tokens_per_s"]))
-            ratios = {}
-            for part, readers, tokens in parts:
-                if readers < 1 or not tokens:
-                    continue
-                # the bursts on either side (within WHOLE of a whole count: that count's alone)
-                near = round(readers)
-                ns = [near] if abs(readers - near) < WHOLE else [math.floor(readers), math.ceil(readers)]
-                runs = {n: burst_of(s, out[name], n, tok, limit) for n in ns}
-                if all(runs.values()):
-                    means = {n: sum(r) / len(r) for n, r in runs.items()}  # type: ignore[arg-type]
-                    burst = at_readers(means, readers)
-                    ratios[part] = (tokens, readers, runs, means, burst, tokens / burst)
-            f["busy_ratio"] = ratios["busy"][-1] if "busy" in ratios else None
-            judged = "window" if "window" in ratios else "busy"
-            f["steady_ratio"] = ratios[judged][-1] if judged in ratios else None
-            for part, (tokens, readers, runs, means, burst, ratio) in ratios.items():
-                where = (
-                    f"its steady window ({win['to_s'] - win['from_s']:.0f} s)"
-                    if part == "window"
-                    else f"its whole busy period ({f['busy_s']:.0f} s)"
-                )
-                judge = f"goal {STEADY_GOAL:.2f}" if part == judged else "not the judge"
-                bursts = "; ".join(
-                    f"a burst of {n}: {', '.join(f'{x:.1f}' for x in r or ())} tokens/s (mean {means[n]:.1f})"
-                    for n, r in runs.items()
-                )
-                print(
-                    f"  steady {key.split()[1]}/s, {name}, {where}: {tokens:.1f} tokens/s with {readers:.1f} readers"
-                    f" at once; {bursts}; at {readers:.1f} readers {burst:.1f} -> {ratio:.2f}x ({judge})",
-                    flush=True,
-                )
-            for n in sorted({n for v in ratios.values() for n in v[2]}):  # (tokens, readers, runs, ...)
-                if e := out[name][f"burst {n}"].get("engine"):  # the judge's steps, beside the load's
-                    print(f"    the burst of {n}'s steps: {steps_said(e)}", flush=True)
+        # the bursts on either side (within WHOLE of a whole count: that count's alone)
+        near = round(readers)
+        ns = [near] if abs(readers - near) < WHOLE else [math.floor(readers), math.ceil(readers)]
+        runs = {n: burst_of(s, bursts, n, tok, limit) for n in ns}
+        if all(runs.values()):
+            means = {n: sum(r) / len(r) for n, r in runs.items()}  # type: ignore[arg-type]
+            burst = at_readers(means, readers)
+            ratios[part] = (tokens, readers, runs, means, burst, tokens / burst)
+    f["busy_ratio"] = ratios["busy"][-1] if "busy" in ratios else None
+    judged = "window" if "window" in ratios else "busy"
+    f["steady_ratio"] = ratios[judged][-1] if judged in ratios else None
+    for part, (tokens, readers, runs, means, burst, ratio) in ratios.items():
+        where = (
+            f"its steady window ({win['to_s'] - win['from_s']:.0f} s)"
+            if part == "window"
+            else f"its whole busy period ({f['busy_s']:.0f} s)"
+        )
+        judge = f"goal {STEADY_GOAL:.2f}" if part == judged else "not the judge"
+        said = "; ".join(
+            f"a burst of {n}: {', '.join(f'{x:.1f}' for x in r or ())} tokens/s (mean {means[n]:.1f})"
+            for n, r in runs.items()
+        )
+        print(
+            f"  steady {key.split()[1]}/s, {name}, {where}: {tokens:.1f} tokens/s with {readers:.1f} readers"
+            f" at once; {said}; at {readers:.1f} readers {burst:.1f} -> {ratio:.2f}x ({judge})",
+            flush=True,
+        )
+    for n in sorted({n for v in ratios.values() for n in v[2]}):  # (tokens, readers, runs, ...)
+        if e := bursts[n].get("engine"):  # the judge's steps, beside the load's
+            print(f"    the burst of {n}'s steps: {steps_said(e)}", flush=True)
 
 
 def at_readers(means: dict[int, float], readers: float) -> float:
@@ -591,9 +592,9 @@ def at_readers(means: dict[int, float], readers: float) -> float:
     return means[lo] if lo == hi else means[lo] + (readers - lo) / (hi - lo) * (means[hi] - means[lo])
 
 
-def burst_of(server: dict, loads_: dict, n: int, tok, limit: float | None) -> list[float] | None:
+def burst_of(server: dict, bursts: dict, n: int, tok, limit: float | None) -> list[float] | None:
     """A burst of n readers' tokens a second on this server, from STEADY_BURSTS runs of the same
-    requests (the first the interleaved burst of n where there was one); None if one was cut."""
+    requests (kept in `bursts[n]`: its runs' tokens/s, the first run's steps); None if one was cut."""
     requests = workload("burst", n, 0, seed=100 * n + 1)
 
     def run() -> dict:
@@ -601,12 +602,14 @@ def burst_of(server: dict, loads_: dict, n: int, tok, limit: float | None) -> li
         results, wall = asyncio.run(drive(server["port"], requests, server["ours"], server["model"], limit))
         return figures(requests, results, wall, tok) | {"engine": engine_steps(before, engine_counts(server))}
 
-    if (key := f"burst {n}") not in loads_:
-        loads_[key] = run() | {"for_steady": True}
-    burst = loads_[key]
-    runs = burst.setdefault("runs_tokens_per_s", [burst["tokens_per_s"]])
+    if n not in bursts:
+        first = run()
+        bursts[n] = {"runs_tokens_per_s": [first["tokens_per_s"]], "cut": first["cut"], "engine": first["engine"]}
+    burst = bursts[n]
+    runs = burst["runs_tokens_per_s"]
     while not burst["cut"] and len(runs) < STEADY_BURSTS:
         if (again := run())["cut"]:
+            burst["cut"] = again["cut"]
             return None
         runs.append(again["tokens_per_s"])
     return None if burst["cut"] else runs
@@ -715,7 +718,8 @@ def joins(before: dict, after: dict, steps: int, forward: float) -> dict:
 
 def of_kind(loads_: dict, kind: str) -> dict:
     """One server's loads of a kind ("rate", "burst") by their rate or size; the bursts run only
-    to set a steady load against are not the interleaved ones and are left out."""
+    to set a steady load against are not the interleaved ones and are left out (results from
+    before the judge's bursts moved into their load's figures, `steady_bursts`, kept them here)."""
     return {
         (float if kind == "rate" else int)(float(k.split()[1])): f
         for k, f in loads_.items()
