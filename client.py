@@ -337,7 +337,7 @@ def summarize(rows):
         )
     same = all(len({"".join(r.pieces) for r in answers}) == 1 for answers in zip(*rows.values(), strict=True))
     lines.append(f"the same text {'all three' if len(rows) == 3 else 'both'} ways: {same}")
-    if not same:
+    if not same and "/ws" in rows:  # this server's three ways (another server's flags are its own)
         lines.append(
             "  (a seeded text repeats where the arithmetic does: guessed tokens and a retained prompt change"
             " a pass's shape, which rounds differently in bfloat16; `python server.py --speculate 0"

@@ -57,11 +57,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import math
 import os
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from benchkit import PROMPTS, pct, pyplot, start_peer
@@ -524,15 +526,18 @@ def run(args, servers: dict, tok) -> dict:
                     f" the reader's gap {f['gap_ms']:.1f} ms: {f['gap_ms'] / f['step_ms']:.3f}x the step",
                     flush=True,
                 )
-            if kind == "rate" and s["ours"]:
-                steady(s, name, f"{kind} {x:g}", f, tok, args.load_limit)
-                client.save(Path(args.results) / "qoe-partial.json", out)
+        if kind == "rate":  # after both servers ran the load (they stay back to back), before the next load
+            for name, s in servers.items():
+                if s["ours"]:
+                    quiet = functools.partial(settle, servers, args.settle)
+                    steady(s, name, f"{kind} {x:g}", out[name][f"{kind} {x:g}"], tok, quiet, args.load_limit)
+            client.save(Path(args.results) / "qoe-partial.json", out)
     return out
 
 
-def steady(s: dict, name: str, key: str, f: dict, tok, limit: float | None = None) -> None:
+def steady(s: dict, name: str, key: str, f: dict, tok, quiet: Callable[[], float], limit: float | None = None) -> None:
     """§3's check for one Poisson load on this server (`f`, its figures under `key`), run right after
-    the load: bursts of as many readers as it served at once (the whole counts on either side,
+    the load ran on every server (`quiet()` before each burst, as before every load): bursts of as many readers as it served at once (the whole counts on either side,
     at_readers: between them), and the ratio of the steady load's tokens a second to the burst's:
     in its steady window (steady_window: without the ramp and the drain), the goal's judge, and
     over its whole busy period, printed beside it. The peer is not measured (the goal is this
@@ -553,7 +558,7 @@ def steady(s: dict, name: str, key: str, f: dict, tok, limit: float | None = Non
         # the bursts on either side (within WHOLE of a whole count: that count's alone)
         near = round(readers)
         ns = [near] if abs(readers - near) < WHOLE else [math.floor(readers), math.ceil(readers)]
-        runs = {n: burst_of(s, bursts, n, tok, limit) for n in ns}
+        runs = {n: burst_of(s, bursts, n, tok, quiet, limit) for n in ns}
         if all(runs.values()):
             means = {n: sum(r) / len(r) for n, r in runs.items()}  # type: ignore[arg-type]
             burst = at_readers(means, readers)
@@ -592,12 +597,16 @@ def at_readers(means: dict[int, float], readers: float) -> float:
     return means[lo] if lo == hi else means[lo] + (readers - lo) / (hi - lo) * (means[hi] - means[lo])
 
 
-def burst_of(server: dict, bursts: dict, n: int, tok, limit: float | None) -> list[float] | None:
+def burst_of(
+    server: dict, bursts: dict, n: int, tok, quiet: Callable[[], float], limit: float | None
+) -> list[float] | None:
     """A burst of n readers' tokens a second on this server, from STEADY_BURSTS runs of the same
-    requests (kept in `bursts[n]`: its runs' tokens/s, the first run's steps); None if one was cut."""
+    requests, each after `quiet()` (kept in `bursts[n]`: its runs' tokens/s, the first run's
+    steps); None if one was cut."""
     requests = workload("burst", n, 0, seed=100 * n + 1)
 
     def run() -> dict:
+        quiet()
         before = engine_counts(server)
         results, wall = asyncio.run(drive(server["port"], requests, server["ours"], server["model"], limit))
         return figures(requests, results, wall, tok) | {"engine": engine_steps(before, engine_counts(server))}
