@@ -32,6 +32,7 @@ from typing import NamedTuple
 from urllib.parse import urlsplit
 
 from streaming import http_client
+from streaming.launch import REPEATS_EXACTLY
 from streaming.qoe import EXPECTED_TTFT, READING_RATE, qoe
 from streaming.wire import http11, sse
 from streaming.wire import websocket as websocket_frames
@@ -340,8 +341,8 @@ def summarize(rows):
     if not same and "/ws" in rows:  # this server's three ways (another server's flags are its own)
         lines.append(
             "  (a seeded text repeats where the arithmetic does: guessed tokens and a retained prompt change"
-            " a pass's shape, which rounds differently in bfloat16; `python server.py --speculate 0"
-            " --retain-memory 0` repeats exactly)"
+            f" a pass's shape, which rounds differently in bfloat16; `python server.py {' '.join(REPEATS_EXACTLY)}`"
+            " repeats exactly)"
         )
     figures["same_text"] = same
     for name, value in reader_qoe(rows).items():

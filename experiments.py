@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 import client
-from streaming.launch import Process, Server, python
+from streaming.launch import REPEATS_EXACTLY, Process, Server, python
 
 PROMPT = client.prompts(1)[0]  # the lighthouse paragraph
 N = 100  # tokens asked for, as the article
@@ -372,9 +372,8 @@ def all_(args):
         model_args = ["--model", args.model] + (["--dtype", args.dtype] if args.dtype else [])
         say(f"starting the server and the --naive server (model {args.model})")
         # the article's check of "the same text all three ways" compares the transports, so each
-        # request gets the same arithmetic: no guessed tokens, no retained prompt (README, "seed")
-        exact = ["--speculate", "0", "--retain-memory", "0"]
-        server = Server("server", "--port", str(args.port), *model_args, *exact)
+        # request gets the same arithmetic
+        server = Server("server", "--port", str(args.port), *model_args, *REPEATS_EXACTLY)
         naive = Server("naive server", "--naive", "--port", str(args.naive_port), *model_args)
         children += [server, naive]
         for child in (server, naive):

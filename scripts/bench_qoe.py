@@ -40,8 +40,8 @@ from the peer's QoE at the lowest measured rate at or past twice the lowest). A 
 is "more than" ours over that level. The steady-load check (issue 22 §3): each Poisson load on
 this server against a burst of as many readers at once (the bursts of the whole counts on either
 side of its mean count, each run STEADY_BURSTS times right after the load, their means joined by
-a straight line, the judge), in the load's steady window where it is long enough (steady_window: `--seconds 150`),
-else over its whole busy period, both sides in generated tokens (by usage); with each load,
+a straight line, the judge), in the load's steady window where it is long enough (steady_window:
+`--seconds 150`), else over its whole busy period, both sides in generated tokens (by usage); with each load,
 the engine's steps (how many, their milliseconds, tokens a step, rows sat out a step, the sorts of
 its slots by length and the milliseconds of their bookkeeping; in a Poisson load's steady window
 and each judging burst, the rows and prompt tokens a step and what the steps prompts joined
@@ -527,18 +527,18 @@ def run(args, servers: dict, tok) -> dict:
                     flush=True,
                 )
         if kind == "rate":  # after both servers ran the load (they stay back to back), before the next load
+            quiet, key = functools.partial(settle, servers, args.settle), f"{kind} {x:g}"
             for name, s in servers.items():
                 if s["ours"]:
-                    quiet = functools.partial(settle, servers, args.settle)
-                    steady(s, name, f"{kind} {x:g}", out[name][f"{kind} {x:g}"], tok, quiet, args.load_limit)
+                    steady(s, name, key, out[name][key], tok, quiet, args.load_limit)
             client.save(Path(args.results) / "qoe-partial.json", out)
     return out
 
 
 def steady(s: dict, name: str, key: str, f: dict, tok, quiet: Callable[[], float], limit: float | None = None) -> None:
     """§3's check for one Poisson load on this server (`f`, its figures under `key`), run right after
-    the load ran on every server (`quiet()` before each burst, as before every load): bursts of as many readers as it served at once (the whole counts on either side,
-    at_readers: between them), and the ratio of the steady load's tokens a second to the burst's:
+    the load ran on every server (`quiet()` before each burst, as before every load): bursts of as
+    many readers as it served at once (the whole counts on either side, at_readers: between them), and the ratio of the steady load's tokens a second to the burst's:
     in its steady window (steady_window: without the ramp and the drain), the goal's judge, and
     over its whole busy period, printed beside it. The peer is not measured (the goal is this
     engine's). The bursts run next to the load they judge: run at the end of the whole run, the
@@ -726,14 +726,9 @@ def joins(before: dict, after: dict, steps: int, forward: float) -> dict:
 
 
 def of_kind(loads_: dict, kind: str) -> dict:
-    """One server's loads of a kind ("rate", "burst") by their rate or size; the bursts run only
-    to set a steady load against are not the interleaved ones and are left out (results from
-    before the judge's bursts moved into their load's figures, `steady_bursts`, kept them here)."""
-    return {
-        (float if kind == "rate" else int)(float(k.split()[1])): f
-        for k, f in loads_.items()
-        if k.startswith(kind) and not f.get("for_steady")
-    }
+    """One server's loads of a kind ("rate", "burst") by their rate or size (a steady judge's
+    bursts are in its load's figures, `steady_bursts`, not among these)."""
+    return {(float if kind == "rate" else int)(float(k.split()[1])): f for k, f in loads_.items() if k.startswith(kind)}
 
 
 def headlines(by_server: dict) -> dict:

@@ -9,6 +9,8 @@ import pytest
 from helpers import ServerProcess, events, server_log, stream_texts, wait_for_log
 from websockets.sync.client import connect as ws_connect
 
+from streaming.launch import REPEATS_EXACTLY
+
 REQUEST = {"prompt": "Tides are usually explained", "max_tokens": 40, "seed": 2}
 
 
@@ -103,13 +105,11 @@ def test_http_client_reads_complete_and_stream(port):
 def test_the_bundled_model_end_to_end():
     """The real model through the real server: sensible text, the same all three ways.
 
-    The three requests must get the same arithmetic: guessed tokens (`--speculate`) and a retained
-    prompt (`--retain-memory`) change a pass's shape, and bfloat16 rounds differently then. Here
-    that is enough: after " Washington D" the bundled model's two best tokens are ".C" 20.625 and
-    "." 20.5, one unit of bfloat16's last place apart (measured with transformers' forward), and
-    with the defaults the third request ended "D." where the first ended "D.C" in about one run
-    of three."""
-    s = ServerProcess("--speculate", "0", "--retain-memory", "0", model="bundled").wait()
+    The three requests must get the same arithmetic (REPEATS_EXACTLY). Here that matters: after
+    " Washington D" the bundled model's two best tokens are ".C" 20.625 and "." 20.5, one unit of
+    bfloat16's last place apart (measured with transformers' forward), and with the defaults one
+    request ended "D." where another ended "D.C" in two runs of five."""
+    s = ServerProcess(*REPEATS_EXACTLY, model="bundled").wait()
     try:
         request = {"prompt": "The capital of France is", "max_tokens": 12, "temperature": 0}
         complete = httpx.post(f"http://127.0.0.1:{s.port}/complete", json=request, timeout=300).json()["text"]
