@@ -10,7 +10,7 @@ import subprocess
 import time
 
 import pytest
-from helpers import ServerProcess, WSClient, connect, http, metrics, raw_request, read_all
+from helpers import ServerProcess, WSClient, connect, http, metrics, raw_request, read_all, read_response
 
 from streaming.wire import websocket as ws
 
@@ -344,6 +344,38 @@ def test_request_bodies_in_flight_share_one_budget(guarded):
         s.close()
     time.sleep(0.3)
     fine(port, "k3y")
+
+
+def test_bytes_sent_under_a_stream_are_not_kept():
+    """What a client sends after its request while the answer streams: under a whole answer the
+    next, pipelined request's (kept up to PIPELINED_KEEP, then the connection closes after the
+    answer), under a stream nothing (its connection carries no more requests). A megabyte each
+    was kept before: 48 readers sending one grew the server by ~50 MB."""
+    with ServerProcess("--engine", "free", "--token-delay", "0.05") as s:
+        s.wait()
+        before = rss_kb(s.proc.pid)
+        body = json.dumps({"prompt": "Hi", "max_tokens": 4096}).encode()
+        head = b"POST /stream HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+        readers = []
+        for _ in range(48):
+            c = connect(s.port)
+            c.sendall(head % len(body) + body)
+            assert c.recv(4096).startswith(b"HTTP/1.1 200")
+            c.sendall(b"x" * (1 << 20))
+            readers.append(c)
+        grown = rss_kb(s.proc.pid) - before
+        assert grown < 16 * 1024, f"grew by {grown / 1024:.0f} MB"
+        # a whole answer with more than a pipelined request's worth after it: answered, then closed
+        c = connect(s.port)
+        body = json.dumps({"prompt": "Hi", "max_tokens": 20}).encode()  # a second: the junk arrives first
+        c.sendall((head % len(body)).replace(b"/stream", b"/complete") + body + b"x" * (1 << 20))
+        status, headers, out = read_response(c)
+        assert status == 200 and json.loads(out)["text"] and headers["connection"] == "close"
+        assert read_all(c) == b""
+        c.close()
+        for c in readers:
+            c.close()
+        fine(s.port)
 
 
 def test_the_listen_backlog_is_a_setting():

@@ -34,7 +34,8 @@ def chunk(text=None, finish=None, usage=None):
 class Hostile:
     """An upstream that misbehaves as its request's last message says (see the module's docstring)."""
 
-    def __init__(self):
+    def __init__(self, trickle_models=False):
+        self.trickle_models = trickle_models  # GET /models: a head, then a byte every 2 s
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
@@ -71,6 +72,13 @@ class Hostile:
                 0,
             )
             body = json.loads(await reader.readexactly(length)) if length else {}
+            if head.startswith(b"GET") and self.trickle_models:
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\nConnection: close\r\n\r\n")
+                for _ in range(1000):
+                    await writer.drain()
+                    await asyncio.sleep(2)
+                    writer.write(b" ")
+                return
             if head.startswith(b"GET"):
                 data = json.dumps({"object": "list", "data": [{"id": "hostile"}]}).encode()
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(data) + data)
@@ -130,10 +138,25 @@ class Hostile:
         await self.comments(writer)
 
     async def badusage(self, writer):  # usage counts that are not counts
+        await self.usage_of(writer, {"prompt_tokens": -3, "completion_tokens": "lots", "total_tokens": None})
+
+    async def hugeusage(self, writer):  # counts of 400 digits (a float sum's overflow)
+        await self.usage_of(writer, {"prompt_tokens": 10**400, "completion_tokens": 10**400, "total_tokens": 1})
+
+    async def usage_of(self, writer, usage):
         await self.stream_head(writer)
-        usage = {"prompt_tokens": -3, "completion_tokens": "lots", "total_tokens": None}
         writer.write(chunk("Hello") + chunk(" there") + chunk(finish="stop") + chunk(usage=usage) + b"data: [DONE]\n\n")
         await writer.drain()
+
+    async def reasoning(self, writer):  # signs of life forever, never any text
+        await self.stream_head(writer)
+        call = {"tool_calls": [{"index": 0, "function": {"arguments": ""}}]}
+        while True:
+            for delta in ({"reasoning_content": "hmm"}, call):
+                value = {"id": "x", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta}]}
+                writer.write(b"data: " + json.dumps(value).encode() + b"\n\n")
+            await writer.drain()
+            await asyncio.sleep(0.001)
 
 
 USAGE = {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}
@@ -248,6 +271,50 @@ def test_usage_counts_that_are_not_counts_are_ignored_with_a_warning(front):
         assert time.monotonic() < deadline, front.lines[-20:]
         time.sleep(0.05)
     assert not any("internal error" in line for line in front.lines)
+
+
+def test_usage_counts_past_any_context_are_ignored_and_the_answer_ends_well(front):
+    """Counts of 400 digits (JSON has no bound) overflowed the metrics' float sums: the whole
+    answer was a 500, the stream's end an error event."""
+    status, raw, _ = chat(front, "hugeusage")
+    texts, error = texts_of(raw)
+    assert status == 200 and error is None and texts == ["Hello", " there", ("finish", "stop")]
+    assert raw.rstrip().endswith(b"data: [DONE]")
+    status, raw, _ = chat(front, "hugeusage", stream=False)
+    answer = json.loads(raw)
+    assert status == 200 and answer["usage"]["completion_tokens"] == 2, answer
+    said = "sent usage completion_tokens=" + "1" + "0" * 39 + ": not a count"  # its first 40 characters
+    assert any(said in line for line in front.lines), front.lines[-10:]
+    assert not any("internal error" in line or "Traceback" in line for line in front.lines)
+
+
+def test_an_upstream_that_reasons_forever_is_cut_past_max_tokens(front):
+    """Chunks that show life without text (reasoning, an empty piece of a call's arguments) kept
+    the silence deadline moving: the answer never ended."""
+    before = rss(front.proc.pid)
+    status, raw, took = chat(front, "reasoning", max_tokens=5)
+    texts, error = texts_of(raw)
+    assert status == 200 and error is None and texts[-1] == ("finish", "length") and took < 10, raw[-300:]
+    status, raw, took = chat(front, "reasoning", max_tokens=5, stream=False)
+    assert status == 200 and json.loads(raw)["choices"][0]["finish_reason"] == "length" and took < 10
+    still_serves(front, before)
+
+
+def test_an_upstream_that_trickles_its_model_list_delays_a_request_by_a_bound():
+    """Without --upstream-model each request asks GET /models: a reply of a byte every 2 s (each
+    read within the 5-s timeout) held every request for as long as the upstream liked."""
+    from streaming.generation.upstream.pool import GET_TIMEOUT
+
+    h = Hostile(trickle_models=True)
+    try:
+        with ServerProcess("--engine", "upstream", "--upstream", f"http://127.0.0.1:{h.port}/v1") as s:
+            s.wait()
+            status, raw, took = chat(s, "normal", stream=False)
+            answer = json.loads(raw)
+            assert status == 200 and answer["choices"][0]["message"]["content"] == "Hello there", raw
+            assert took < GET_TIMEOUT + 5
+    finally:
+        h.close()
 
 
 def test_a_reader_who_never_reads_holds_the_upstream_back(front):

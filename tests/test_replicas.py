@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from streaming import nginxctl, reader, redisctl
 from streaming.replicas import Cluster, get_json, in_thread, noting, query, when
 from streaming.server.resumable.recordings import Recording
+from streaming.server.resumable.store import CONTROL, Gap
 from streaming.server.resumable.takeover import fill
 
 REQUIRED = os.environ.get("REQUIRE_REDIS") == "1" or os.environ.get("REQUIRE_NGINX") == "1"  # .ci/run sets them
@@ -62,6 +63,10 @@ def test_a_view_is_filled_from_entries_in_order_and_keeps_their_token_ids():
     fill(rec, entries)
     assert rec.events == [b"id: S.0\n\n", b"id: S.1\n\n", b"id: S.2\n\n"] and rec.answer == [5, 6, 7]
     assert rec.last and rec.ended
+    # a token id no int() takes (past 4,300 digits: a ValueError, a 500 on resume) is a gap, as
+    # any entry that is not ours
+    with pytest.raises(Gap):
+        fill(Recording("T", None), [(b"0-1", {b"e": b"id: T.0\n\n", b"t": b"9" * 5000})])
 
 
 def test_resume_on_the_other_replica_is_the_whole_text_once(cluster, whole):
@@ -91,10 +96,18 @@ def test_a_second_reader_follows_the_stream_from_the_other_replica(cluster, whol
 
 
 def test_stop_from_the_other_replica_stops_it_within_a_step(cluster):
+    """...also after notes that are not ours on every replica's channel (anyone who may PUBLISH
+    to Redis can send them: one that did not decode ended the listener, which heard no stop again)."""
     a, b = cluster.ports
     ids = []
     t, got = in_thread(reader.read, a, query(400), on_event=noting(ids))
     assert when(lambda: len(ids) >= 5, 30)
+    r = store(cluster)
+    channels = r.pubsub_channels(CONTROL + "*")
+    assert len(channels) == 2
+    for channel in channels:
+        for junk in (b"\xff\xfe", b"read " + ids[0].encode() + b" " + b"9" * 5000, b"stop", b""):
+            assert r.publish(channel, junk) == 1
     before = get_json(a, "/metrics.json")["tokens_after_stop"]
     status, _, body = http(b, "POST", "/stop", {"id": ids[0]})
     assert status == 200 and json.loads(body) == {"id": ids[0], "stopped": True}

@@ -17,7 +17,7 @@ import socket
 
 from streaming.generation.job import Job
 from streaming.wire.errors import ProtocolError
-from streaming.wire.http11 import MAX_BODY, MAX_HEAD, Request, RequestParser, head
+from streaming.wire.http11 import Request, RequestParser, head
 
 READ_SIZE = 65536
 # A stream's kernel send buffer (Linux doubles it): with the reader's own ~100 KB, what a reader
@@ -25,6 +25,11 @@ READ_SIZE = 65536
 STREAM_SNDBUF = 16 * 1024
 STREAM_HIGH_WATER = 16 * 1024  # a stream's transport buffer past which a write waits (asyncio's is 64 KiB)
 IDLE_EMPTY_LINES = 8  # bytes of CR and LF between requests that still leave a connection idle
+# Bytes of the next, pipelined request kept while an answer is generated (and no body budget is
+# charged): past it the connection closes after this answer, unanswered requests and all, which a
+# pipelining client retries (RFC 9112 §9.3.2). A whole request's size (1 MiB) each was a megabyte
+# a connection that nothing bounded (a client sending junk under a long answer).
+PIPELINED_KEEP = 64 * 1024
 
 
 class BodyBudget:
@@ -171,16 +176,23 @@ class Connection:
             return False
         return not self.closing
 
+    def no_more_requests(self) -> None:
+        """This connection closes after the present response: what was read past it is dropped."""
+        self.spoilt = True
+        self.trailing = b""
+
     async def watch(self, job: Job | None = None) -> None:
         """End-of-file on the request side means the client closed: stop its job at once.
         (A client that half-closes after its request looks the same: see the README.) Bytes
-        that arrive meanwhile are the next request's, pipelined: kept, up to a request's size."""
+        that arrive meanwhile are the next request's, pipelined: kept, up to PIPELINED_KEEP
+        (none after a stream's head: its connection carries no more requests)."""
         try:
             while data := await self.reader.read(READ_SIZE):
+                if self.spoilt:  # no more requests on it: keep reading only for the end
+                    continue
                 self.trailing += data
-                if len(self.trailing) > MAX_HEAD + MAX_BODY:
-                    self.spoilt = True  # not a request any more: keep reading only for the end
-                    self.trailing = b""
+                if len(self.trailing) > PIPELINED_KEEP:
+                    self.no_more_requests()
         except ConnectionError:
             pass
         self.gone = True

@@ -50,7 +50,7 @@ class Exchange:
     @property
     def reusable(self) -> bool:
         """Whether the connection may carry the next request after this one."""
-        return self.keep_alive and self.progress is Progress.WHOLE and not self.conn.gone and not self.conn.spoilt
+        return self.stays_open and self.progress is Progress.WHOLE
 
     def respond(
         self,
@@ -60,18 +60,25 @@ class Exchange:
         fields: Iterable[tuple[str, str]] = (),
     ) -> None:
         """A whole response; its head says whether the connection stays open."""
-        self.conn.write(response(status, body, content_type, [*self.cors, *fields], self.keep_alive))
+        self.conn.write(response(status, body, content_type, [*self.cors, *fields], self.stays_open))
         self.progress = Progress.WHOLE
 
     def respond_json(self, status: int, value: Any, fields: Iterable[tuple[str, str]] = ()) -> None:
-        self.conn.write(json_response(status, value, [*self.cors, *fields], self.keep_alive))
+        self.conn.write(json_response(status, value, [*self.cors, *fields], self.stays_open))
         self.progress = Progress.WHOLE
+
+    @property
+    def stays_open(self) -> bool:
+        """What a whole response's head says: keep-alive, unless what followed the request was no
+        request (connection.PIPELINED_KEEP) or the client left."""
+        return self.keep_alive and not self.conn.spoilt and not self.conn.gone
 
     def start_stream(self, fields: Iterable[tuple[str, str]], ending: Ending | None, prelude: bytes = b"") -> None:
         """An event stream's head (and `prelude`, its first bytes): after it an error is
         `ending(err)`, or nothing if the stream has none (a resumable stream's errors are its
         recording's events)."""
         self.keep_alive = False
+        self.conn.no_more_requests()  # a stream's connection closes after it
         self.conn.write(head(200, [*fields, *self.cors], keep_alive=False) + prelude)
         self.conn.stream_buffers()
         self.progress, self.ending = Progress.STREAMING, ending

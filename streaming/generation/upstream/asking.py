@@ -14,6 +14,10 @@ from typing import Any
 from streaming.generation.prompts import Prompt
 from streaming.wire.params import GenerationParams
 
+# The largest token count an upstream's usage may say: no context comes near it, and a count of
+# hundreds of digits (JSON allows 4,300) overflowed the metrics' float sums, failing the answer.
+MAX_COUNT = 1 << 31
+
 
 def body(
     model: str,
@@ -57,12 +61,13 @@ def body(
 
 def counts(usage: dict[str, Any], url: str) -> tuple[int | None, int | None]:
     """(prompt_tokens, completion_tokens) of an upstream's usage, each None where it is absent or
-    not a count (a token count is a whole number >= 0: anything else is ignored, with a warning)."""
+    not a count (a token count is a whole number from 0 to MAX_COUNT: anything else is ignored,
+    with a warning)."""
 
     def count(name: str) -> int | None:
         value = usage.get(name)
-        if value is not None and (type(value) is not int or value < 0):
-            print(f"upstream {url} sent usage {name}={value!r}: not a count, ignored", flush=True)
+        if value is not None and (type(value) is not int or not 0 <= value <= MAX_COUNT):
+            print(f"upstream {url} sent usage {name}={value!r:.40}: not a count, ignored", flush=True)
             return None
         return value
 

@@ -25,6 +25,10 @@ from streaming.wire.errors import ProtocolError
 from streaming.wire.http11 import Response
 
 CONNECT_TIMEOUT = 5.0  # seconds to connect to an upstream (and for a probe's answer) before trying the next
+# A small GET (a probe, /models) whole, head and body: its reads each within CONNECT_TIMEOUT were no
+# bound on the whole, and an upstream trickling a byte every few seconds held /models (and every
+# request waiting on the model's name) for hours.
+GET_TIMEOUT = 10.0
 # An upstream's answer must show life within FIRST_TEXT seconds of the request (its head, any
 # comments and empty chunks included: a long prompt's prefill, or a wait in a loaded engine's
 # queue, fits), and then never go more than SILENCE seconds without it; past either it is a 504
@@ -103,7 +107,15 @@ def request_bytes(u: Upstream, method: str, path: str, body: bytes | None, key: 
 
 
 async def get(u: Upstream, path: str, key: str | None) -> tuple[Response, bytes]:
-    """A small GET's head and body (the probe, /models), within CONNECT_TIMEOUT each step."""
+    """A small GET's head and body (the probe, /models), within CONNECT_TIMEOUT each step and
+    GET_TIMEOUT in all (past it a 504)."""
+    try:
+        return await asyncio.wait_for(get_within(u, path, key), GET_TIMEOUT)
+    except asyncio.TimeoutError:
+        raise UpstreamError(f"upstream {u.url} did not answer GET {path} in {GET_TIMEOUT:g} s", 504) from None
+
+
+async def get_within(u: Upstream, path: str, key: str | None) -> tuple[Response, bytes]:
     reader, writer = await connect(u)
     try:
         writer.write(request_bytes(u, "GET", path, None, key))

@@ -52,6 +52,11 @@ AHEAD = 64
 # runs of ~100 spaces or dashes, so an answer past 256 characters a token is not text; with
 # max_tokens it bounds what one answer can make this server hold (4,096 tokens: 1 M characters).
 MAX_CHARS_PER_TOKEN = 256
+# Chunks that show life but add no text (reasoning, a call's name, an empty piece of its arguments)
+# past max_tokens and this many more: each carries a token or more of the upstream's own (an
+# OpenAI-compatible engine counts reasoning toward max_tokens), so past that the upstream is stuck
+# or hostile; they kept the silence deadline moving, and such an answer never ended.
+SILENT_SLACK = 16
 T = TypeVar("T")
 
 
@@ -80,6 +85,7 @@ class UpstreamJob(Job):
         self.usage_tokens: int | None = None
         self.calls = CallsAsText()  # the upstream's tool_calls deltas, as a Qwen model writes calls
         self.chars = len(so_far)  # the answer's characters so far, against MAX_CHARS_PER_TOKEN
+        self.silent = 0  # chunks that showed life without text, against max_tokens + SILENT_SLACK
         self.room = asyncio.Event()  # set when the reader has taken pieces (backpressure)
         self.deadline = 0.0  # time.monotonic() by which the upstream must send text
         self.stop = UpstreamStop(self)
@@ -229,6 +235,11 @@ class UpstreamJob(Job):
         if chunk.alive:  # text, or what comes before it (reasoning, a tool call): the upstream works
             self.deadline = time.monotonic() + self.pool.silence
         text = self.calls.text(chunk)
+        if chunk.alive and not text:
+            self.silent += 1
+            if self.silent > self.params.max_tokens + SILENT_SLACK:
+                print(f"upstream {u.url} sent past max_tokens chunks with no text: the answer ends here", flush=True)
+                return "cut"
         if text:
             limit = self.params.max_tokens
             self.chars += len(text)

@@ -15,7 +15,7 @@ import asyncio
 
 from redis.exceptions import RedisError
 
-from streaming.server.resumable.recordings import Recordings
+from streaming.server.resumable.recordings import EVENT_NUMBER, Recordings
 from streaming.server.resumable.store import CONTROL, NOTE_SCRIPT, RENEW, RETRY, RedisStore, key, unavailable
 
 
@@ -59,12 +59,15 @@ class Control:
                     while True:
                         message = await sub.get_message(timeout=RENEW)
                         if message is not None:
-                            self.heard(message["data"].decode())
+                            self.heard(message["data"].decode("utf-8", "replace"))
             except (RedisError, OSError) as e:
                 store.failed("listening for stops", e)
                 await asyncio.sleep(RETRY)
 
     def heard(self, note: str) -> None:
+        """One note on the channel. Anyone who may PUBLISH to Redis can send one: a note that is
+        not ours is ignored (an exception here ended the listener, and the replica heard no stop
+        again)."""
         what, stream_id, at = (note.split(" ") + ["", ""])[:3]
         rec = self.recordings.get(stream_id)
         if rec is None or rec.job is None:
@@ -72,4 +75,4 @@ class Control:
         if what == "stop":
             rec.job.stop.set()
         elif what == "read":  # (a note without a count: its readers are taken to be up to date)
-            rec.read_elsewhere(self.grace, int(at) if at.isascii() and at.isdigit() else len(rec.events))
+            rec.read_elsewhere(self.grace, int(at) if EVENT_NUMBER.fullmatch(at) else len(rec.events))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import Callable
 
@@ -47,6 +48,9 @@ from streaming.wire.errors import ProtocolError, error_body
 from streaming.wire.params import GenerationParams
 
 BLOCK_MS = int(RENEW * 1000)  # a watch's blocking read: it checks the lease and says "read" this often
+# A recorded token id: int() refuses past 4,300 digits (a ValueError, a 500 on resume), and no
+# vocabulary comes near ten.
+TOKEN_ID = re.compile(rb"[0-9]{1,10}")
 LOST = ProtocolError("the stream's generator is gone and the store lost its prompt", 503, 1011, "stream_lost")
 
 
@@ -58,7 +62,7 @@ def fill(rec: Recording, entries: list[Entry]) -> None:
         if n <= len(rec.events):
             continue
         ids = fields.get(b"t", b"").split()
-        if n != len(rec.events) + 1 or b"e" not in fields or not all(t.isdigit() for t in ids):
+        if n != len(rec.events) + 1 or b"e" not in fields or not all(TOKEN_ID.fullmatch(t) for t in ids):
             raise Gap(f"stream {rec.id}: entry {n} after {len(rec.events)} events")
         rec.append(fields[b"e"], tuple(int(t) for t in ids), last=b"x" in fields)
     if rec.last and not rec.ended:
