@@ -355,7 +355,9 @@ def test_bytes_sent_under_a_stream_are_not_kept():
         s.wait()
         before = rss_kb(s.proc.pid)
         body = json.dumps({"prompt": "Hi", "max_tokens": 4096}).encode()
-        head = b"POST /stream HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+        head = (
+            b"POST /stream HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+        )
         readers = []
         for _ in range(48):
             c = connect(s.port)
