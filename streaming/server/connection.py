@@ -52,7 +52,7 @@ class Connection:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader, self.writer = reader, writer
         self.gone = False  # the watcher saw end-of-file: the client left
-        self.spoilt = False  # what followed a request was not a request: no more requests on it
+        self.spoilt = False  # no more requests on it: a stream began, or what followed a request passed PIPELINED_KEEP
         self.trailing = b""  # bytes read past the request: the next one's (pipelined), or a WebSocket's frames
 
     async def next_bytes(self, timeout: float) -> bool:
