@@ -247,6 +247,9 @@ class FakeConnection:
     def stream_buffers(self):
         pass
 
+    def no_more_requests(self):
+        self.spoilt = True
+
 
 def request(path="/stream"):
     return Request("POST", path, "HTTP/1.1", {"content-type": "application/json"}, path=path)
