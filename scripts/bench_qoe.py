@@ -41,13 +41,14 @@ is "more than" ours over that level. The steady-load check (issue 22 §3): each 
 this server against a burst of as many readers at once (the bursts of the whole counts on either
 side of its mean count, each run STEADY_BURSTS times right after the load, their means joined by
 a straight line, the judge), in the load's steady window where it is long enough (steady_window:
-`--seconds 150`), else over its whole busy period, both sides in generated tokens (by usage); with each load,
-the engine's steps (how many, their milliseconds, tokens a step, rows sat out a step, the sorts of
-its slots by length and the milliseconds of their bookkeeping; in a Poisson load's steady window
-and each judging burst, the rows and prompt tokens a step and what the steps prompts joined
-cost: the engine's counters read every SAMPLE_EVERY seconds). Saves
-results/qoe.json (and results/qoe-partial.json after each load) and results/qoe.png. Benchmarks are not tests: nothing here asserts. `python
-scripts/bench.py guidellm` runs the field's tool against the same servers.
+`--seconds 150`), else over its whole busy period, both sides in generated tokens (by usage);
+with each load, the engine's steps (how many, their milliseconds, tokens a step, rows sat out a
+step, the sorts of its slots by length and the milliseconds of their bookkeeping; in a Poisson
+load's steady window and each judging burst, the rows and prompt tokens a step and what the
+steps prompts joined cost: the engine's counters read every SAMPLE_EVERY seconds). Saves
+results/qoe.json (and results/qoe-partial.json after each load) and results/qoe.png. Benchmarks
+are not tests: nothing here asserts. `python scripts/bench.py guidellm` runs the field's tool
+against the same servers.
 
 Leaves out: llama.cpp's server (it builds from source here, about 10 minutes) and vLLM (no
 CPU build here).
@@ -538,9 +539,10 @@ def run(args, servers: dict, tok) -> dict:
 def steady(s: dict, name: str, key: str, f: dict, tok, quiet: Callable[[], float], limit: float | None = None) -> None:
     """§3's check for one Poisson load on this server (`f`, its figures under `key`), run right after
     the load ran on every server (`quiet()` before each burst, as before every load): bursts of as
-    many readers as it served at once (the whole counts on either side, at_readers: between them), and the ratio of the steady load's tokens a second to the burst's:
-    in its steady window (steady_window: without the ramp and the drain), the goal's judge, and
-    over its whole busy period, printed beside it. The peer is not measured (the goal is this
+    many readers as it served at once (the whole counts on either side, at_readers: between
+    them), and the ratio of the steady load's tokens a second to the burst's: in its steady window
+    (steady_window: without the ramp and the drain), the goal's judge, and over its whole busy
+    period, printed beside it. The peer is not measured (the goal is this
     engine's). The bursts run next to the load they judge: run at the end of the whole run, the
     judge of run55's 1/s load (w8a8) came about half an hour after it, on a machine that drifts 2x
     in that time."""
