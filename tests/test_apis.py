@@ -173,6 +173,7 @@ OPENAI_BAD = [
     ({"model": "x", "messages": MESSAGES, "max_completion_tokens": "9"}, "max_tokens"),
     ({"model": "x", "messages": MESSAGES, "temperature": 3}, "temperature"),
     ({"model": "x", "messages": MESSAGES, "stop": [""]}, "stop"),
+    ({"model": "x", "messages": MESSAGES, "stop": ["x" * 1001]}, "stop"),  # (matched in time quadratic in its length)
     ({"model": "x", "messages": MESSAGES, "cache_salt": ""}, "cache_salt"),
 ]
 

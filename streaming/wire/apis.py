@@ -20,6 +20,9 @@ from streaming.wire.params import GenerationParams
 from streaming.wire.tools import Tools
 
 MAX_STOPS = 4  # stop strings per request, as OpenAI allows
+# A stop string's length: the matcher holds back any end of the text that begins one, and checks
+# every length of it against each event (stops.py: quadratic in it); a few sentences are plenty.
+MAX_STOP_CHARS = 1000
 
 
 class ApiRequest(NamedTuple):
@@ -88,14 +91,20 @@ class Format(Protocol):
 
 
 def stops(value: Any, name: str) -> list[str]:
-    """Stop strings: absent, one string, or a list of up to MAX_STOPS non-empty strings."""
+    """Stop strings: absent, one string, or a list of up to MAX_STOPS non-empty strings, each of
+    MAX_STOP_CHARS at most."""
     if value is None:
         return []
     if isinstance(value, str):
         value = [value]
-    if not isinstance(value, list) or not all(isinstance(s, str) and s for s in value) or len(value) > MAX_STOPS:
-        raise InvalidRequest(f"{name} must be a non-empty string or a list of up to {MAX_STOPS} of them", name)
-    return value
+    fine = isinstance(value, list) and all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in value)
+    if not fine or len(value) > MAX_STOPS:
+        raise InvalidRequest(
+            f"{name} must be a non-empty string or a list of up to {MAX_STOPS} of them, "
+            f"each of {MAX_STOP_CHARS} characters at most",
+            name,
+        )
+    return list(value)
 
 
 def kind_of(status: int, server_error: str) -> str:
