@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from streaming.wire.errors import ProtocolError
 from streaming.wire.http11 import END, ResponseReader, request_head
 from streaming.wire.sse import Event, EventParser
 
@@ -112,18 +113,21 @@ def follow(s, r: Reading, last, dropped_at, on_event):
     event came since)."""
     reader, parser, status = ResponseReader(), EventParser(), 0
     while True:
-        item = reader.next_event()
+        try:
+            item = reader.next_event()
+        except ProtocolError:  # closed before a response, a body cut short, bytes not HTTP: a drop
+            return status, last, dropped_at
         if item is None:
+            if reader.eof:
+                return status, last, dropped_at
             try:
                 data = s.recv(65536)
             except OSError:
                 data = b""
-            if not data:
+            if data:
+                reader.feed(data)
+            else:
                 reader.feed_eof()
-                if reader.next_event() is None:
-                    return status, last, dropped_at
-                continue
-            reader.feed(data)
             continue
         if item is END:
             return status, last, dropped_at

@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from streaming.generation.job import Job
-from streaming.server.answer import Answer, Answers, Early
+from streaming.server.answer import FAILED, Answer, Answers, Early
 from streaming.server.exchange import Exchange, Progress
 from streaming.server.metrics import Metrics
 from streaming.server.resumable.encodings import Article
@@ -283,7 +283,7 @@ def test_a_failed_job_is_a_500_in_the_familys_shape_before_the_head():
     a, conn, ex = asyncio.run(run())
     head, body = head_and_body(conn.out)
     assert head.status == 500 and head.headers["connection"] == "close" and not ex.reusable
-    assert b'"type": "server_error"' in body and b"generation failed: boom" in body
+    assert b'"type": "server_error"' in body and b"generation failed" in body and b"boom" not in body
     assert list(a.log) == [["/v1/chat/completions", 1, False]]
     assert outcomes(a) == {("/v1/chat/completions", "error"): 1.0}
 
@@ -343,7 +343,7 @@ def test_after_the_head_an_error_is_the_streams_own_event_never_a_status():
     head, body = head_and_body(conn.out)
     assert head.status == 200 and head.headers["connection"] == "close" and ex.progress is Progress.STREAMING
     events = EventParser().feed(body)
-    assert [e.data for e in events] == ["a", "b", "generation failed: boom"] and events[-1].event == "error"
+    assert [e.data for e in events] == ["a", "b", FAILED] and events[-1].event == "error"
 
 
 def test_the_shutdown_cuts_an_answer_short_with_a_503_but_not_one_whose_reader_left():

@@ -3,6 +3,7 @@ endpoint's own shape, every limit holds (memory bounded, non-readers dropped), o
 keys the server is meant for get in, and SIGTERM drains. After each case a normal request still
 succeeds."""
 
+import concurrent.futures
 import json
 import signal
 import socket
@@ -96,6 +97,29 @@ def test_bad_json_and_text_on_v1_in_the_apis_shape(servers, fmt, body):
     else:
         assert value["type"] == "error" and value["error"]["type"] == "invalid_request_error"
     clean(value["error"]["message"])
+    fine(port)
+
+
+@pytest.mark.parametrize("path", ["/complete", "/v1/chat/completions"])
+def test_a_temperature_too_small_for_float32_is_greedy_not_a_failed_batch(servers, path):
+    """1e-300 is a valid temperature, but logits divided by it (float32's 0) were all NaN: the step
+    failed, with it every request in its batch, each told Python's own error text. Below
+    GREEDY_BELOW a temperature is greedy: the same text as temperature 0, beside other readers."""
+    port = servers["plain"].port
+    if path == "/complete":
+        body = {"prompt": "Hello there", "max_tokens": 8, "ignore_eos": True}
+    else:
+        body = {"model": "x", "max_tokens": 8, "top_p": 0.5, "messages": [{"role": "user", "content": "Hello"}]}
+
+    def text(temperature):
+        status, _, out = http(port, "POST", path, {**body, "temperature": temperature})
+        assert status == 200, out
+        value = json.loads(out)
+        return value["text"] if path == "/complete" else value["choices"][0]["message"]["content"]
+
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        tiny, greedy, other = pool.map(text, [1e-300, 0, 0.7])
+    assert tiny == greedy and other
     fine(port)
 
 
@@ -346,6 +370,37 @@ def test_request_bodies_in_flight_share_one_budget(guarded):
     fine(port, "k3y")
 
 
+def test_websocket_messages_in_flight_share_the_bodies_budget(guarded):
+    """--max-body-memory 3000000: a WebSocket's message is a request too. Three of 0.9 MB may be
+    arriving at once (unfinished: a first fragment each); a fourth gets a close 1013 (each
+    connection's megabyte was bounded alone: a thousand connections, a gigabyte). Their share
+    comes back when they close."""
+    port = guarded.port
+    part = ws.serialize(ws.Frame(ws.TEXT, b'{"pad": "' + b"a" * 900_000, fin=False), b"abcd")
+    held = []
+    for _ in range(3):
+        c = WSClient(port, [("x-api-key", "k3y")])
+        c.send_raw(part)
+        held.append(c)
+        time.sleep(0.3)
+    c = WSClient(port, [("x-api-key", "k3y")])
+    try:
+        c.send_raw(part)
+    except OSError:
+        pass  # the server closed while we were still sending
+    assert c.until_close(answer=False)[1] == 1013
+    c.close()
+    for c in held:
+        c.close()
+    time.sleep(0.3)
+    c = WSClient(port, [("x-api-key", "k3y")])
+    c.send_raw(part)
+    c.send_frame(ws.Frame(ws.CONT, b'", "prompt": "Hi", "max_tokens": 3}'))
+    assert c.until_close()[1] == 1000
+    c.close()
+    fine(port, "k3y")
+
+
 def test_bytes_sent_under_a_stream_are_not_kept():
     """What a client sends after its request while the answer streams: under a whole answer the
     next, pipelined request's (kept up to PIPELINED_KEEP, then the connection closes after the
@@ -526,3 +581,49 @@ def test_a_crlf_after_a_body_leaves_the_connection_idle_not_a_408():
             t0 = time.monotonic()
             raw = read_all(c)  # the answer, then the idle connection closed at the keep-alive timeout
         assert raw.count(b"HTTP/1.1 ") == 1 and raw.startswith(b"HTTP/1.1 200") and time.monotonic() - t0 < 2.5
+
+
+def test_a_refused_body_still_being_sent_gets_its_status_not_a_reset(guarded):
+    """A body past the limit (1 MiB) is refused before it is read: a 413, and the connection
+    closes. Closed at once with the body's bytes unread, the kernel answered them with a reset,
+    and a client still sending its body never read the 413: its send failed (EPIPE, ECONNRESET).
+    The server half-closes and reads what comes for a while (RFC 9112 §9.6): the client sends
+    its body, then reads its 413."""
+    port = guarded.port
+    size = 12 * 1024 * 1024  # past what the kernel's buffers hold on the way (at most ~6 MB each side)
+    head = f"POST /complete HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {size}\r\n\r\n"
+    with connect(port) as s:
+        s.sendall(head.encode() + b"x" * size)  # the whole request, then the answer: as HTTP clients do
+        status, _, body = read_response(s)
+    assert status == 413 and json.loads(body)["error"]["status"] == 413
+    fine(port, "k3y")
+
+
+def test_closing_a_connection_whose_client_reads_nothing_takes_a_bound():
+    """A closed writer waits for the bytes it still holds, and a client that reads nothing never
+    takes them: the connection (its task, its socket, its buffer) stayed for good. Closing waits
+    the write timeout at most, then drops it."""
+    import asyncio
+
+    from streaming.server.connection import Connection
+
+    async def run():
+        took = asyncio.get_running_loop().create_future()
+
+        async def handle(reader, writer):
+            writer.write(b"x" * (4 * 1024 * 1024))  # far past what the kernel's buffers take
+            t0 = time.monotonic()
+            await Connection(reader, writer).close(0.5)
+            took.set_result(time.monotonic() - t0)
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        _, writer = await asyncio.open_connection("127.0.0.1", port, limit=1024)  # (reads 2 KiB, then stops)
+        try:
+            return await asyncio.wait_for(took, 10)
+        finally:
+            writer.transport.abort()
+            server.close()
+            await server.wait_closed()
+
+    assert asyncio.run(run()) < 3

@@ -67,6 +67,14 @@ def test_expect_continue_is_visible_before_the_body():
     assert p.next_request() is None and p.expects_continue()
 
 
+def test_an_http_1_0_clients_expect_continue_is_ignored():
+    """RFC 9110 §10.1.1: a server MUST ignore a 100-continue expectation in an HTTP/1.0 request
+    (such a client takes any status line for the final one)."""
+    p = RequestParser()
+    p.feed(b"POST /complete HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n")
+    assert p.next_request() is None and not p.expects_continue()
+
+
 BAD = [
     (b"HELLO\r\n\r\n", 400),
     (b"GET / HTTP/2.0\r\nHost: x\r\n\r\n", 505),

@@ -263,6 +263,25 @@ def test_expect_100_continue(servers):
     assert status == 200 and "text" in json.loads(out)
 
 
+def test_no_100_continue_for_an_http_1_0_client(servers):
+    """Its expectation is ignored (RFC 9110 §10.1.1): nothing comes before the body is sent, then
+    the answer (an HTTP/1.0 client takes the first status line for the final one)."""
+    port = servers["plain"].port
+    body = json.dumps({"prompt": "Hi", "max_tokens": 2}).encode()
+    with connect(port) as s:
+        s.sendall(
+            b"POST /complete HTTP/1.0\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n"
+            % len(body)
+        )
+        s.settimeout(0.5)
+        with pytest.raises(TimeoutError):
+            s.recv(100)
+        s.settimeout(30)
+        s.sendall(body)
+        status, _, out = read_response(s)
+    assert status == 200 and "text" in json.loads(out)
+
+
 def test_a_slow_request_gets_408(servers):
     port = servers["failing"].port  # started with --request-timeout 1
     with connect(port) as s:

@@ -33,6 +33,7 @@ import collections
 import concurrent.futures
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -197,6 +198,7 @@ class BatchEngine:
                     self.steps += 1
                     self.step_seconds += time.perf_counter() - t0
             except Exception as e:  # noqa: BLE001 - a failed step fails its requests, not the engine
+                traceback.print_exc()  # (its readers are told only that it failed: the why is here)
                 self.batch.fail(e)
             if self.after_step is not None:
                 self.after_step()

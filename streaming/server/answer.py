@@ -41,6 +41,7 @@ from streaming.wire.errors import InvalidRequest, ProtocolError
 from streaming.wire.stops import StopMatcher
 
 SHUTTING_DOWN = "the server is shutting down"
+FAILED = "generation failed (the server's log says why)"  # never the exception's own text: the log has it
 # Answers /log keeps, the latest: 10,000 lines are ~250 KB of JSON, a few ms to write at each GET
 # (unbounded, 40,000 requests made every GET /log a megabyte serialised on the event loop).
 LOG_KEEP = 10_000
@@ -152,8 +153,9 @@ class Answer:
         self.left = self.left or (self.watched is not None and self.watched.gone)
         said_stop = job.stop.is_set()  # (before our own stop below)
         job.stop.set()  # however it ended, this answer's generation ends
-        if self.watcher is not None:
+        if self.watcher is not None:  # and gone before the connection reads again (its read() would clash)
             self.watcher.cancel()
+            await asyncio.gather(self.watcher, return_exceptions=True)
         try:  # within a step of the stop, unless the engine is stuck: then its count so far
             self.produced = await asyncio.wait_for(asyncio.shield(job.done), JOB_END)
         except asyncio.TimeoutError:
@@ -189,8 +191,9 @@ class Answer:
                 return
             if isinstance(item, (ProtocolError, InvalidRequest)):  # an upstream's failure in its own
                 raise item  # words, or a request refused at admission: the exchange says it (a 4xx, 1008)
-            if isinstance(item, BaseException):
-                raise ProtocolError(f"generation failed: {item}", 500, close_code=1011, kind="generation_failed")
+            if isinstance(item, BaseException):  # the engine's own failure: Python's words, for the log only
+                print(f"{self.path}: generation failed: {item!r}", flush=True)
+                raise ProtocolError(FAILED, 500, close_code=1011, kind="generation_failed")
             self.arrived()
             yield item  # a Piece (with its token ids), or plain text (--engine free)
 

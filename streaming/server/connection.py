@@ -30,6 +30,12 @@ IDLE_EMPTY_LINES = 8  # bytes of CR and LF between requests that still leave a c
 # pipelining client retries (RFC 9112 §9.3.2). A whole request's size (1 MiB) each was a megabyte
 # a connection that nothing bounded (a client sending junk under a long answer).
 PIPELINED_KEEP = 64 * 1024
+# A closing connection's lingering read (close()): what a client still sending its body gets to
+# send, dropped, before the socket closes; past it, the reset it would have got anyway (nginx
+# lingers up to 30 s; a client that has read its answer closes at once, on our half-close). The
+# bytes bound the CPU a client can make it spend (reading 16 MiB takes a few ms); no memory is kept.
+LINGER = 2.0
+LINGER_BYTES = 16 * 1024 * 1024
 
 
 class BodyBudget:
@@ -49,8 +55,11 @@ class BodyBudget:
 
 
 class Connection:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, bodies: BodyBudget | None = None
+    ) -> None:
         self.reader, self.writer = reader, writer
+        self.bodies = bodies  # the server's: a WebSocket's messages still arriving count there too (ws.py)
         self.gone = False  # the watcher saw end-of-file: the client left
         self.spoilt = False  # no more requests on it: a stream began, or what followed a request passed PIPELINED_KEEP
         self.trailing = b""  # bytes read past the request: the next one's (pipelined), or a WebSocket's frames
@@ -144,15 +153,17 @@ class Connection:
         transport = self.writer.transport
         return transport.get_write_buffer_size() > transport.get_write_buffer_limits()[0]
 
-    async def settle(self, timeout: float) -> bool:
+    async def settle(self, timeout: float, mark: int | None = None) -> bool:
         """Wait until the transport holds its low mark or less (the reader has taken what came
-        before); False, as drain(), if the client is gone or takes nothing for `timeout` s."""
+        before), or `mark` bytes; False, as drain(), if the client is gone or takes nothing for
+        `timeout` s."""
         transport = self.writer.transport
         low, high = transport.get_write_buffer_limits()
-        if self.closing or transport.get_write_buffer_size() <= low:
+        mark = low if mark is None else mark
+        if self.closing or transport.get_write_buffer_size() <= mark:
             return not self.closing
-        transport.set_write_buffer_limits(high=low, low=low)  # past the mark now: the writer pauses
-        try:  # ... and drain() waits until the transport is back at its low mark
+        transport.set_write_buffer_limits(high=mark, low=mark)  # past the mark now: the writer pauses
+        try:  # ... and drain() waits until the transport is back at the mark
             return await self.drain(timeout)
         finally:
             transport.set_write_buffer_limits(high=high, low=low)
@@ -175,6 +186,38 @@ class Connection:
         except ConnectionError:
             return False
         return not self.closing
+
+    async def close(self, timeout: float) -> None:
+        """Close in stages (RFC 9112 §9.6): what is owed goes out within `timeout` (else the
+        connection is dropped), then our side is half-closed and what the client still sends is
+        read and dropped, up to LINGER_BYTES for LINGER s (closed with bytes unread, the kernel
+        answers with a reset, and the client may lose the response it had not read yet: a 413
+        for a body it was still sending). The socket is then closed, within `timeout` too: a
+        closed writer waits for what it holds, which a client that reads nothing never takes."""
+        transport = self.writer.transport
+        if not self.closing and transport.can_write_eof() and await self.settle(timeout, 0):
+            transport.write_eof()
+            await self.linger()
+        self.writer.close()
+        try:
+            await asyncio.wait_for(self.writer.wait_closed(), timeout)
+        except asyncio.TimeoutError:
+            transport.abort()
+        except ConnectionError:
+            pass
+
+    async def linger(self) -> None:
+        """Read and drop what the client sends until its end-of-file, LINGER_BYTES or LINGER s."""
+        loop, left = asyncio.get_running_loop(), LINGER_BYTES
+        deadline = loop.time() + LINGER
+        try:
+            while left > 0 and (wait := deadline - loop.time()) > 0:
+                data = await asyncio.wait_for(self.reader.read(READ_SIZE), wait)
+                if not data:
+                    return
+                left -= len(data)
+        except (asyncio.TimeoutError, ConnectionError):
+            pass
 
     def no_more_requests(self) -> None:
         """This connection closes after the present response: what was read past it is dropped."""

@@ -40,18 +40,17 @@ class HttpProtocol:
         assert task is not None
         state.connections.add(task)
         state.accepted += 1
-        conn = Connection(reader, writer)
+        conn = Connection(reader, writer, self.bodies)
         try:
             await self.requests(conn, task)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass  # the client went away between requests
         finally:
             state.connections.discard(task)
-            writer.close()
             try:
-                await writer.wait_closed()
-            except (ConnectionError, asyncio.CancelledError):
-                pass
+                await conn.close(self.config.write_timeout)
+            except asyncio.CancelledError:  # (the loop is ending)
+                writer.transport.abort()
 
     async def requests(self, conn: Connection, task: asyncio.Task[None]) -> None:
         """The requests of one connection, one after another, while it may stay open."""

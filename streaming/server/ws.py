@@ -37,6 +37,7 @@ class WebSocket:
         self.session.receive_data(trailing)
         self.peer_closed = asyncio.Event()  # the client's close frame (or end-of-file) arrived
         self.listener: asyncio.Task[None] | None = None  # reading frames while the server streams
+        self.bodies, self.reserved = conn.bodies, 0  # what the session holds of messages arriving, reserved there
         self.interval: int | None = None  # the request's pieces per message (None: the server's)
 
     def flush(self) -> None:
@@ -47,6 +48,7 @@ class WebSocket:
         """The next text message, or None when the client closed. Raises ProtocolError."""
         while True:
             event = self.session.next_event()
+            self.charge()
             self.flush()  # a pong, or the echo of the client's close
             if event is None:
                 if not await self.conn.backpressure(self.write_timeout):  # answers to pings, unread
@@ -65,6 +67,26 @@ class WebSocket:
                 raise ProtocolError("binary messages are not supported; send JSON text", close_code=1003)
             else:
                 return event.text()
+
+    def charge(self) -> None:
+        """What the session holds of messages still arriving counts in the request bodies' budget,
+        which all connections share (a message is a request, of up to MAX_MESSAGE bytes): past it,
+        a close 1013, as an HTTP body gets a 503. Each connection's megabyte was bounded alone."""
+        bodies = self.bodies
+        if bodies is None:
+            return
+        held = self.session.held()
+        if held > self.reserved and not bodies.reserve(held - self.reserved):
+            raise ProtocolError("too many messages are arriving; try again", close_code=1013)
+        if held < self.reserved:
+            bodies.release(self.reserved - held)
+        self.reserved = held
+
+    def release(self) -> None:
+        """At the connection's end: its share of the budget back, and no more charged."""
+        if self.bodies is not None:
+            self.bodies.release(self.reserved)
+            self.bodies, self.reserved = None, 0
 
     def listen(self, job: Job) -> None:
         """While the server streams: {"stop": true}, a close frame or end-of-file stop the job."""
@@ -133,15 +155,18 @@ async def websocket(ctx: Context, ex: Exchange) -> None:
     switching = frames.handshake(ex.request, ctx.config.allow_origin)  # ProtocolError: an HTTP answer
     ws = WebSocket(ex.conn, ex.conn.trailing, ctx.config.write_timeout)
     ex.upgrade(switching, ws.fail)
-    job = await first_request(ctx, ws)
-    if job is None:
-        return  # the client left before asking anything
-    ws.listen(job)
-    async with Answer(ctx.answers, job, "/ws", early=Early.SAID_STOP, naive=False) as answer:
-        await answer.relay(ws.deliver, ws.ping, merging=ctx.config.merging(ws.interval), outlet=ws)
-    ex.end_stream()
-    ws.send_text(json.dumps({"done": True}))
-    await ws.close(1000)
+    try:
+        job = await first_request(ctx, ws)
+        if job is None:
+            return  # the client left before asking anything
+        ws.listen(job)
+        async with Answer(ctx.answers, job, "/ws", early=Early.SAID_STOP, naive=False) as answer:
+            await answer.relay(ws.deliver, ws.ping, merging=ctx.config.merging(ws.interval), outlet=ws)
+        ex.end_stream()
+        ws.send_text(json.dumps({"done": True}))
+        await ws.close(1000)
+    finally:
+        ws.release()
 
 
 async def first_request(ctx: Context, ws: WebSocket) -> Job | None:

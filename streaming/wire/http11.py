@@ -139,8 +139,12 @@ class RequestParser:
         return bool(self.buffer)
 
     def expects_continue(self) -> bool:
-        """Whether the client waits for `100 Continue` before sending its body (RFC 9110 §10.1.1)."""
-        return self.head is not None and self.head.headers.get("expect", "").lower() == "100-continue"
+        """Whether the client waits for `100 Continue` before sending its body (RFC 9110 §10.1.1:
+        an HTTP/1.0 client's expectation is ignored, as it knows no interim responses)."""
+        head = self.head
+        return (
+            head is not None and head.version == "HTTP/1.1" and head.headers.get("expect", "").lower() == "100-continue"
+        )
 
 
 def parse_head(head: bytes, max_body: int = MAX_BODY) -> Request:

@@ -29,15 +29,25 @@ MAX_STREAM_INTERVAL = 64
 MAX_CACHE_SALT = 1024
 
 
+# A temperature below this is greedy (vLLM's _SAMPLING_EPS): logits divided by one under ~3e-38
+# overflow float32 (every probability NaN: the step failed, and every request in its batch), and
+# long before that the draw is the largest logit's anyway.
+GREEDY_BELOW = 1e-5
+
+
 @dataclass(frozen=True)
 class GenerationParams:
     max_tokens: int = DEFAULT_MAX_TOKENS
     seed: int = 0
-    temperature: float = 1.0  # 0 is greedy
+    temperature: float = 1.0  # 0 is greedy (and below GREEDY_BELOW)
     top_p: float = 0.9
     ignore_eos: bool = False  # vLLM's extension: exactly max_tokens, for measurements
     # vLLM's extension: the prompt's keys are shared only with requests of the same salt (prefixes.py)
     cache_salt: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < GREEDY_BELOW:
+            object.__setattr__(self, "temperature", 0.0)
 
 
 class PlainRequest(NamedTuple):

@@ -58,6 +58,10 @@ class Session:
         """Bytes read from the peer."""
         self.parser.feed(data)
 
+    def held(self) -> int:
+        """Bytes held of what the peer sends: frames not yet whole, and a message's fragments."""
+        return len(self.parser.buffer) + len(self.parser.fragments)
+
     def receive_eof(self) -> None:
         """The peer's end of the connection closed."""
         self.eof = True

@@ -85,6 +85,7 @@ async def follow(ctx: Context, ex: Exchange, rec: Recording, after: int) -> None
     finally:
         watcher.cancel()
         ctx.streams.detach(rec, None if config.naive else config.resume_grace)
+        await asyncio.gather(watcher, return_exceptions=True)  # gone before the connection's close reads
 
 
 async def stop(ctx: Context, ex: Exchange) -> None:
