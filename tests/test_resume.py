@@ -68,6 +68,33 @@ def test_event_ids_parse_and_store_bounds():
     asyncio.run(run())
 
 
+def test_a_view_taken_over_after_its_last_reader_left_stops_after_the_grace():
+    """The reader of a view can leave while the view is being taken over (Redis round trips, an
+    upstream opened): detach() then found no job to stop. adopt() starts the grace period itself,
+    so that generation stops as if the reader had left the stream it generates; a reader still
+    there, or a background stream, keeps it going."""
+    import asyncio
+    import threading
+
+    from streaming.server.resumable.recordings import Recording
+
+    class FakeJob:
+        def __init__(self):
+            self.stop, self.orphaned = threading.Event(), False
+
+    async def run(readers, background=False):
+        rec = Recording("s", None)
+        rec.readers, rec.background = readers, background
+        job = FakeJob()
+        rec.adopt(job, 0.05)
+        await asyncio.sleep(0.2)
+        return job.orphaned, job.stop.is_set()
+
+    assert asyncio.run(run(0)) == (True, True)
+    assert asyncio.run(run(1)) == (False, False)
+    assert asyncio.run(run(0, background=True)) == (True, False)
+
+
 def test_get_stream_is_the_same_answer_with_ids_and_a_retry(servers):
     port = servers["resuming"].port
     status, headers, body = get(port, QUERY)

@@ -145,3 +145,30 @@ def test_a_redis_that_refuses_writes_for_a_while_ends_no_live_stream():
         assert not any("took it over" in line for line in s.lines)
         assert any("failed: OutOfMemoryError" in line for line in s.lines)  # (the refusals were seen, and counted)
         assert when(lambda: len(db.xrange(f"streaming:s:{got.stream}")) == len(got.events), 10)
+
+
+def test_two_resumes_racing_for_one_view_both_wait_for_its_events():
+    """Two readers come back at once with an id past what Redis holds (the generator died before
+    writing what they saw, and the taker makes it again): the first makes the view and waits for
+    those events; the second, whose read of Redis ended after that, got None, a 204 (EventSource
+    then stops for good: the rest of a live stream lost). Both get the view."""
+    import asyncio
+
+    from streaming.server.resumable.recordings import Recordings
+    from streaming.server.resumable.takeover import Takeover
+
+    class Store:
+        async def entries(self, _stream_id, _start=0):
+            await asyncio.sleep(0.01)
+            return [(b"0-1", {b"e": b'{"text": "a"}', b"t": b"5"})]
+
+        def spawn(self, coro, **_):
+            coro.close()  # (no watch: nothing more comes)
+
+    async def run():
+        takeover = Takeover(Store(), Recordings(), None, None, None, None)  # type: ignore[arg-type]
+        return await asyncio.gather(takeover.find("S.3"), takeover.find("S.3"))
+
+    first, second = asyncio.run(run())
+    assert first is not None and second is not None
+    assert first[0] is second[0] and first[1] == second[1] == 3 and len(first[0].events) == 1

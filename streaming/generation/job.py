@@ -132,6 +132,11 @@ class Job:
         """Block until the producing side has finished with this job (at shutdown)."""
         return self.ended.wait(timeout)
 
+    def forget(self) -> None:
+        """After its end: let go of the prompt (a resumable stream's recording keeps its job for
+        --resume-keep, and a prompt near the context is a megabyte of ids and text)."""
+        self.ids, self.prior, self.prompt = [], [], None
+
     def hand_off(self) -> None:
         """Another replica takes this answer over: stop without an end (no flush, no end event)."""
         self.handed_off = True

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import asdict
 from typing import Any
 
 from redis.exceptions import RedisError, ResponseError
 
+from streaming.generation.job import Job
 from streaming.server.resumable.recordings import Recording
 from streaming.server.resumable.store import (
     APPEND_SCRIPT,
@@ -44,6 +46,15 @@ from streaming.server.resumable.store import (
 RIVAL = object()  # agreed(): another replica's entry stands where this replica's would
 
 
+def meta_fields(job: Job) -> dict[Any, str]:  # (Any: the keys hset() takes, in an invariant Mapping)
+    """What a stranger needs to continue a job's answer: its prompt's ids, its parameters (the
+    fields set only, a cache_salt where there is one: a replica from before a field can still
+    take the stream over, its GenerationParams(**...) reading the rest as defaults), its prompt."""
+    params = json.dumps({k: v for k, v in asdict(job.params).items() if v is not None})
+    prompt = job.prompt.dumps() if job.prompt is not None else "null"
+    return {"ids": " ".join(map(str, job.ids)), "params": params, "prompt": prompt}
+
+
 class Mirror:
     def __init__(self, store: RedisStore) -> None:
         self.store = store
@@ -59,9 +70,10 @@ class Mirror:
         """Mirror a recording this replica generates to Redis, from event `written` on (a stream
         taken over has its first events there already)."""
         self.owned[rec.id] = rec
-        self.store.spawn(self.mirror(rec, written), name=f"mirror {rec.id}")
+        fields = meta_fields(rec.job) if rec.job is not None else None  # (the job lets go of its prompt at its end)
+        self.store.spawn(self.mirror(rec, written, fields), name=f"mirror {rec.id}")
 
-    async def mirror(self, rec: Recording, written: int) -> None:
+    async def mirror(self, rec: Recording, written: int, fields: dict[Any, str] | None) -> None:
         store = self.store
         meta = written == 0  # a new stream: its prompt and parameters go first
         while written < len(rec.events) or not rec.ended:
@@ -70,7 +82,7 @@ class Mirror:
                 await grew.wait()
                 continue
             try:
-                written = await self.write(rec, written, meta)
+                written = await self.write(rec, written, fields if meta else None)
                 meta = False
                 continue
             except ResponseError as e:  # event `written` may be there already: ours (a late write), or a rival's
@@ -95,6 +107,12 @@ class Mirror:
                 await asyncio.sleep(pause)
                 if (held := await self.held(rec.id)) is not None:
                     break
+                if rec.ended_at is not None and time.monotonic() - rec.ended_at > store.keep_ms / 1000:
+                    # Redis would have forgotten it by now: kept on, every stream of a long outage
+                    # would be held here whole (and written all at once when Redis came back)
+                    print(f"stream {rec.id}: not written to Redis, gone for longer than it keeps one", flush=True)
+                    self.owned.pop(rec.id, None)
+                    return
                 pause = RETRY
             written, has_meta = held
             meta = meta or not has_meta
@@ -104,26 +122,22 @@ class Mirror:
         except (RedisError, OSError) as e:  # it expires by itself
             store.failed(f"releasing the lease of {rec.id}", e)
 
-    async def write(self, rec: Recording, written: int, meta: bool) -> int:
-        """Write events `written`.. in one round trip; return how many are written now."""
-        store, job, end = self.store, rec.job, len(rec.events)
+    async def write(self, rec: Recording, written: int, meta: dict[Any, str] | None) -> int:
+        """Write events `written`.. in one round trip (with `meta` first: a new stream's prompt
+        and parameters); return how many are written now."""
+        store, end = self.store, len(rec.events)
         stream, meta_key = key("s", rec.id), key("m", rec.id)
         args: list[Any] = [MAX_EVENTS]
         for k in range(written, end):
             last = "1" if rec.last and k == end - 1 else ""
             args += [f"0-{k + 1}", rec.events[k], " ".join(map(str, rec.tokens[k])), last]
-        new, ending = meta and job is not None, rec.last  # (the last event is among these)
-        if not new and not ending:  # the usual case: one command, whatever piled up
+        ending = rec.last  # (the last event is among these)
+        if meta is None and not ending:  # the usual case: one command, whatever piled up
             await store.append(keys=[stream], args=args)  # refused unless right after what Redis holds
             return end
         pipe = store.redis.pipeline(transaction=False)
-        if new:  # its prompt and parameters, and its lease
-            assert job is not None
-            # the fields set only (a cache_salt where there is one): a replica from before a field can
-            # still take the stream over, its GenerationParams(**...) reading the rest as defaults
-            params = json.dumps({k: v for k, v in asdict(job.params).items() if v is not None})
-            prompt = job.prompt.dumps() if job.prompt is not None else "null"
-            pipe.hset(meta_key, mapping={"ids": " ".join(map(str, job.ids)), "params": params, "prompt": prompt})
+        if meta is not None:  # its prompt and parameters, and its lease
+            pipe.hset(meta_key, mapping=meta)
             pipe.set(key("l", rec.id), store.name, px=LEASE_MS)
         pipe.eval(APPEND_SCRIPT, 1, stream, *args)
         ttl = store.keep_ms if ending else store.live_ms  # (while it lives, renew() keeps the keys alive)

@@ -45,6 +45,8 @@ async def pump(answers: Answers, rec: Recording, enc: Encoding, path: str = "/st
             enc.done(rec, job.reason, job.prompt_tokens, answer.produced)
     finally:
         rec.end()
+        if job.ended.is_set():  # (the engine is done with it; the mirror took what it writes at the start)
+            job.forget()
 
 
 async def room(rec: Recording, job: Job) -> None:

@@ -114,10 +114,12 @@ class Recording:
         """The token ids of the answer so far, as its events carry them."""
         return [t for ids in self.tokens for t in ids]
 
-    def adopt(self, job: Job) -> None:
-        """A view becomes this replica's own stream: it generates the rest (takeover.py)."""
+    def adopt(self, job: Job, grace: float | None) -> None:
+        """A view becomes this replica's own stream: it generates the rest (takeover.py). If its
+        last reader left while it was being taken over, the grace period starts now."""
         self.job = job
         job.orphaned = self.readers == 0
+        self.orphaned(grace)
 
     def attach(self) -> None:
         self.readers += 1
@@ -145,7 +147,10 @@ class Recording:
         if self.job is None:
             return
         self.job.orphaned = self.readers == 0  # the engine serves streams with a reader first
-        if self.readers == 0 and not self.ended and grace is not None and not self.background:
+        self.orphaned(grace)
+
+    def orphaned(self, grace: float | None) -> None:
+        if self.job is not None and self.readers == 0 and not self.ended and grace is not None and not self.background:
             self.grace = asyncio.get_running_loop().call_later(grace, self.job.stop.set)
 
 

@@ -119,8 +119,12 @@ class Streams:
         return None
 
     def hand_off(self) -> int:
-        """At shutdown: the live streams go on on other replicas (Redis only); how many."""
-        return self.replication.mirror.hand_off() if self.replication is not None else 0
+        """At shutdown: the live streams go on on other replicas (Redis only), and this one takes
+        none over (it would stop it at once, with an error for its readers); how many."""
+        if self.replication is None:
+            return 0
+        self.replication.takeover.closing = True
+        return self.replication.mirror.hand_off()
 
     async def close(self, timeout: float) -> None:
         if self.replication is not None:

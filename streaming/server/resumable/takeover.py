@@ -51,6 +51,10 @@ BLOCK_MS = int(RENEW * 1000)  # a watch's blocking read: it checks the lease and
 # A recorded token id: int() refuses past 4,300 digits (a ValueError, a 500 on resume), and no
 # vocabulary comes near ten.
 TOKEN_ID = re.compile(rb"[0-9]{1,10}")
+# Seconds a view's reader waits while Redis cannot be read: then its connection ends (no event),
+# and it comes back with its last event id, to a replica that can read Redis or to a clear 503.
+# Kept open with pings instead, it waited as long as the outage, however long.
+OUTAGE = 10.0
 LOST = ProtocolError("the stream's generator is gone and the store lost its prompt", 503, 1011, "stream_lost")
 
 
@@ -93,6 +97,7 @@ class Takeover:
         self.store, self.recordings, self.mirror, self.control = store, recordings, mirror, control
         self.backend, self.pump, self.on_takeover = backend, pump, on_takeover
         self.taken_over = 0  # streams this replica took over from a replica that died
+        self.closing = False  # shutting down: views follow Redis, another replica takes their streams over
         self.views = 0  # resumes of streams generated elsewhere that this replica served
 
     async def find(self, event_id: str) -> tuple[Recording, int] | None:
@@ -111,8 +116,10 @@ class Takeover:
         except (RedisError, OSError) as e:
             self.store.failed(f"reading {stream_id}", e)
             raise unavailable() from None
-        if not entries or stream_id in self.recordings:  # (another resume made the view meanwhile)
-            return self.recordings.find(event_id) if entries else None
+        if (known := self.recordings.get(stream_id)) is not None:  # another resume made the view meanwhile
+            return (known, k) if not known.ended else None  # (as above: a 204 would end a live stream's reader)
+        if not entries:
+            return None
         rec = Recording(stream_id, None)
         try:
             fill(rec, entries)
@@ -131,23 +138,29 @@ class Takeover:
     async def watch(self, rec: Recording) -> None:
         """Keep a view growing while someone reads it here; take it over if its generator died."""
         r = self.store.redis
-        noted = 0.0
+        noted, failing = 0.0, None
         while not rec.ended and rec.job is None:
             if rec.readers == 0:  # the reader left: the view goes (Redis still has everything)
                 self.recordings.drop(rec.id)
+                return
+            if failing is not None and time.monotonic() - failing > OUTAGE:
+                self.recordings.drop(rec.id)
+                rec.end()
                 return
             try:
                 if time.monotonic() - noted >= RENEW:
                     noted = time.monotonic()
                     await self.control.note("read", rec.id, rec.read_to)
-                    if not await r.exists(key("l", rec.id)) and await self.take_over(rec):
+                    if not self.closing and not await r.exists(key("l", rec.id)) and await self.take_over(rec):
                         return
                 fill(rec, await self.store.entries_after(rec.id, len(rec.events), BLOCK_MS))
+                failing = None
             except Gap:  # Redis lost what follows what this view has: tell its readers, never spin
                 broken(rec, lost_part(rec.id))
                 return
             except (RedisError, OSError) as e:
                 self.store.failed(f"following {rec.id}", e)
+                failing = failing or time.monotonic()
                 await asyncio.sleep(RETRY)
             except Exception as e:  # noqa: BLE001 - a stream that cannot go on ends with an error, never hangs
                 print(f"stream {rec.id}: taking it over failed: {e!r}", flush=True)
@@ -213,7 +226,7 @@ class Takeover:
             enc.failed(rec, e)
             self.end(rec, written)
             return True
-        rec.adopt(job)
+        rec.adopt(job, self.control.grace)
         self.mirror.own(rec, written)
         self.pump(rec, enc)
         return True
