@@ -34,7 +34,7 @@ from typing import Any
 from streaming.generation.detokenize import StreamDetokenizer
 from streaming.generation.prompts import Prompt
 from streaming.model.loading import Model
-from streaming.wire.errors import InvalidRequest
+from streaming.wire.errors import InvalidRequest, ProtocolError
 from streaming.wire.params import GenerationParams
 
 
@@ -186,7 +186,9 @@ class Job:
             self.put(Piece.of(piece, self.pending))
             self.pending = []
         if self.options.fail_after is not None and self.produced >= self.options.fail_after:
-            self.fail(RuntimeError(f"injected failure after {self.produced} tokens (--fail-after)"))
+            # (our own words, said as they are: an engine's own failures are told only that they failed)
+            message = f"injected failure after {self.produced} tokens (--fail-after)"
+            self.fail(ProtocolError(message, 500, close_code=1011, kind="generation_failed"))
             return False
         if self.produced >= self.params.max_tokens:
             self.end("length")
