@@ -123,6 +123,27 @@ def test_a_temperature_too_small_for_float32_is_greedy_not_a_failed_batch(server
     fine(port)
 
 
+@pytest.mark.parametrize("fmt", ["openai", "anthropic"])
+@pytest.mark.parametrize(
+    "framing,status", [("Content-Length: 2000000", 413), ("Transfer-Encoding: chunked", 411)], ids=["413", "411"]
+)
+def test_a_body_refused_while_it_is_read_is_the_apis_error_too(servers, fmt, framing, status):
+    """Refused before its body is read (too large, chunked, or the bodies' budget full), a
+    request's error came in the server's own shape whatever its path: its head is read by then,
+    so /v1/messages says it as Anthropic does and /v1/chat/completions as OpenAI does."""
+    port = servers["plain"].port
+    path = "/v1/chat/completions" if fmt == "openai" else "/v1/messages"
+    head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n{framing}\r\n\r\n"
+    got, _, out = raw_request(port, head.encode())
+    value = json.loads(out)
+    assert got == status
+    if fmt == "openai":
+        assert set(value["error"]) == {"message", "type", "param", "code"}
+    else:
+        assert value["type"] == "error" and set(value["error"]) == {"type", "message"}
+    fine(port)
+
+
 @pytest.mark.parametrize(
     "length,status",
     [("1" * 5000, 413), ("²", 400), ("1²", 400), ("٣", 400)],
@@ -546,6 +567,9 @@ def test_every_answer_varies_by_origin_and_errors_carry_cors_too():
             assert ("access-control-allow-origin" in h) == (origin == app)
         status, h, _ = http(s.port, "GET", "/nope", headers=[("Origin", app)])
         assert status == 404 and h["access-control-allow-origin"] == app  # the page can read the error
+        head = f"POST /v1/messages HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: {app}\r\nContent-Length: 2000000\r\n\r\n"
+        status, h, _ = raw_request(s.port, head.encode())
+        assert status == 413 and h["access-control-allow-origin"] == app  # refused before its body: still its page's
         head = f"GET /health HTTP/1.1\r\nHost: evil.example\r\nOrigin: {app}\r\n\r\n".encode()
         status, h, _ = raw_request(s.port, head)
         assert status == 421 and h["access-control-allow-origin"] == app

@@ -63,6 +63,7 @@ class Connection:
         self.gone = False  # the watcher saw end-of-file: the client left
         self.spoilt = False  # no more requests on it: a stream began, or what followed a request passed PIPELINED_KEEP
         self.trailing = b""  # bytes read past the request: the next one's (pipelined), or a WebSocket's frames
+        self.unfinished: Request | None = None  # the head of a request whose reading failed (a 413, 408, 503)
 
     async def next_bytes(self, timeout: float) -> bool:
         """Wait up to `timeout` for the first bytes of another request; False if the client
@@ -112,6 +113,7 @@ class Connection:
         finally:
             if reserved > 0:
                 bodies.release(reserved)
+            self.unfinished = parser.head  # (None once a request is whole)
         self.trailing = parser.trailing
         return request
 

@@ -81,6 +81,9 @@ class HttpProtocol:
             ex = Exchange(conn, request, keep_alive=keep_alive and not close, write_timeout=self.config.write_timeout)
             await self.dispatch(ex)
         except (ProtocolError, InvalidRequest) as e:
+            if ex.request is UNREAD and conn.unfinished is not None:  # its head was read: its endpoint's error
+                if (route := self.prepare(ex, conn.unfinished)) is not None:
+                    ex.format = route.format
             await ex.fail(e)
         except (ConnectionError, asyncio.IncompleteReadError):
             return False
@@ -92,11 +95,17 @@ class HttpProtocol:
             await ex.fail(INTERNAL)
         return ex.reusable
 
+    def prepare(self, ex: Exchange, request: Request) -> routes.Route | None:
+        """The request's route, and the CORS fields its answers carry whatever they say (an
+        error's too: a 404 and a 421 as well)."""
+        route = routes.find(request.path)
+        if route is None or route.cors:
+            ex.cors = cors(request, self.config.allow_origin)
+        return route
+
     async def dispatch(self, ex: Exchange) -> None:
         request, ctx = ex.request, self.ctx
-        route = routes.find(request.path)
-        if route is None or route.cors:  # (errors carry them too: a 404 and a 421 as well)
-            ex.cors = cors(request, self.config.allow_origin)
+        route = self.prepare(ex, request)
         check_host(request, self.hosts)
         if route is None:
             raise ProtocolError(f"no such path: {request.path}", 404)

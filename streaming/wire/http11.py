@@ -111,7 +111,8 @@ class RequestParser:
                 self.scanned = max(0, len(self.buffer) - 3)
                 return None
             self.scanned = 0
-            self.head = parse_head(bytes(self.buffer[: end.start()]), self.max_body)
+            self.head = parse_fields(bytes(self.buffer[: end.start()]))  # (kept if its framing is refused:
+            framing(self.head, self.max_body)  # the error is said in its endpoint's shape)
             del self.buffer[: end.end()]
         length = int(self.head.headers.get("content-length", "0"))
         if len(self.buffer) < length:
@@ -149,6 +150,11 @@ class RequestParser:
 
 def parse_head(head: bytes, max_body: int = MAX_BODY) -> Request:
     """Parse a request line and header fields (without the blank line) into a Request."""
+    return framing(parse_fields(head), max_body)
+
+
+def parse_fields(head: bytes) -> Request:
+    """A Request of the request line and header fields, their framing not yet checked."""
     lines = head.replace(b"\r\n", b"\n").split(b"\n")
     parts = lines[0].split(b" ")
     if len(parts) != 3 or not TOKEN.match(parts[0]) or not parts[1]:
@@ -178,6 +184,19 @@ def parse_head(head: bytes, max_body: int = MAX_BODY) -> Request:
         raise ProtocolError("HTTP/1.1 requires a Host header", 400)  # RFC 9112 §3.2
     if hosts > 1:
         raise ProtocolError("more than one Host header", 400)  # RFC 9112 §3.2: a 400
+    try:
+        url = urlsplit(target.decode("latin-1"))
+        query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
+    except ValueError:  # e.g. "//[" reads as an unclosed IPv6 authority
+        raise ProtocolError("malformed request target", 400) from None
+    return Request(
+        method.decode("ascii"), target.decode("latin-1"), version.decode(), headers, path=url.path, query=query
+    )
+
+
+def framing(request: Request, max_body: int) -> Request:
+    """The request, its body's framing checked: a Content-Length (normalized) within max_body."""
+    headers = request.headers
     if "transfer-encoding" in headers:
         if "content-length" in headers:  # the classic request-smuggling ambiguity (RFC 9112 §6.3)
             raise ProtocolError("both Transfer-Encoding and Content-Length", 400)
@@ -193,14 +212,7 @@ def parse_head(head: bytes, max_body: int = MAX_BODY) -> Request:
         if length > max_body:
             raise ProtocolError(f"body of {length} bytes is over the limit of {max_body}", 413)
         headers["content-length"] = str(length)
-    try:
-        url = urlsplit(target.decode("latin-1"))
-        query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
-    except ValueError:  # e.g. "//[" reads as an unclosed IPv6 authority
-        raise ProtocolError("malformed request target", 400) from None
-    return Request(
-        method.decode("ascii"), target.decode("latin-1"), version.decode(), headers, path=url.path, query=query
-    )
+    return request
 
 
 def head(status: int, headers: Iterable[tuple[str, str]] = (), keep_alive: bool | None = None) -> bytes:
