@@ -7,6 +7,7 @@ stream it cannot serve."""
 import json
 import os
 import signal
+import socket
 import time
 
 import pytest
@@ -104,6 +105,37 @@ def test_a_stream_trimmed_under_a_resume_is_a_503_and_no_busy_loop():
         )
         time.sleep(2)
         assert cpu_seconds(b.proc.pid) - before < 0.5  # nothing spins
+        t.join(60)
+
+
+def test_a_reader_following_another_replicas_stream_is_let_go_when_redis_stays_away():
+    """A resume on replica b of a stream generated on a makes a view that follows Redis. With
+    Redis stopped, the view had nothing to send and kept the reader with pings for as long as
+    the outage lasted; now its connection ends after takeover.OUTAGE (10 s) without an end, so
+    the reader comes back with its last id (to a clear 503 while Redis is away)."""
+    with (
+        redisctl.Redis() as r,
+        ServerProcess("--store", r.url, *ARGS) as a,
+        ServerProcess("--store", r.url, *ARGS) as b,
+    ):
+        a.wait(), b.wait()
+        ids = []
+        t, _ = in_thread(reader.read, a.port, query(2000), on_event=noting(ids))
+        assert when(lambda: len(ids) >= 12, 30)
+        head = f"GET /stream HTTP/1.1\r\nHost: 127.0.0.1\r\nLast-Event-ID: {ids[0]}.5\r\n\r\n".encode()
+        with socket.create_connection(("127.0.0.1", b.port), timeout=45) as s:
+            s.sendall(head)
+            assert s.recv(65536).startswith(b"HTTP/1.1 200")
+            r.proc.proc.send_signal(signal.SIGSTOP)
+            try:
+                stopped, deadline = time.monotonic(), time.monotonic() + 40
+                while time.monotonic() < deadline and s.recv(65536):  # events it had, then pings
+                    pass
+                ended = time.monotonic() - stopped
+            finally:
+                r.proc.proc.send_signal(signal.SIGCONT)
+        assert ended < 25, ended
+        assert http(a.port, "POST", "/stop", {"id": ids[0]})[0] == 200  # (its reader there ends now)
         t.join(60)
 
 

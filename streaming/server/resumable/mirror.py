@@ -14,7 +14,7 @@ At shutdown `hand_off()` stops every live stream the same way, for another repli
 
 Redis going away stops nothing that is live: the mirror retries every RETRY seconds and catches
 up from what Redis holds when it is back (even an emptied Redis: the stream again from the start);
-leases are renewed again.
+leases are renewed again. A stream that ended longer ago than Redis keeps one is given up.
 """
 
 from __future__ import annotations
