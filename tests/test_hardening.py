@@ -376,7 +376,7 @@ def test_a_ping_flood_whose_pongs_are_never_read_is_dropped(guarded):
 def test_request_bodies_in_flight_share_one_budget(guarded):
     """--max-body-memory 3000000: three 1 MB bodies may be arriving at once; the fourth gets 503."""
     port = guarded.port
-    head = b"POST /complete HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 1000000\r\n\r\n"
+    head = b"POST /complete HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nX-API-Key: k3y\r\nContent-Length: 1000000\r\n\r\n"
     slow = []
     for _ in range(3):
         s = connect(port)
@@ -389,6 +389,29 @@ def test_request_bodies_in_flight_share_one_budget(guarded):
         s.close()
     time.sleep(0.3)
     fine(port, "k3y")
+
+
+@pytest.mark.parametrize(
+    "target,fields", [("/complete", ""), ("/nope", "X-API-Key: k3y\r\n"), ("/complete", "X-API-Key: wrong\r\n")]
+)
+def test_a_head_is_vetted_before_its_body_takes_any_of_the_budget(guarded, target, fields):
+    """Without the key (or on no route) a request is refused on its head alone, at once, before
+    its body is read: heads of 1 MB bodies never sent, from a stranger, held the bodies' budget
+    until their 408 (10 s) and every keyed POST got 503 meanwhile."""
+    port = guarded.port
+    head = f"POST {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n{fields}Content-Length: 1000000\r\n\r\n"
+    held = []
+    try:
+        for _ in range(4):
+            s = connect(port, timeout=5)
+            s.sendall(head.encode())
+            status, _, out = read_response(s)  # at once: the body is not waited for
+            assert status == (404 if target == "/nope" else 401), out
+            held.append(s)
+        fine(port, "k3y")
+    finally:
+        for s in held:
+            s.close()
 
 
 def test_websocket_messages_in_flight_share_the_bodies_budget(guarded):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Callable
 
 from streaming.generation.job import Job
 from streaming.wire.errors import ProtocolError
@@ -63,7 +64,7 @@ class Connection:
         self.gone = False  # the watcher saw end-of-file: the client left
         self.spoilt = False  # no more requests on it: a stream began, or what followed a request passed PIPELINED_KEEP
         self.trailing = b""  # bytes read past the request: the next one's (pipelined), or a WebSocket's frames
-        self.unfinished: Request | None = None  # the head of a request whose reading failed (a 413, 408, 503)
+        self.unfinished: Request | None = None  # the head of a request refused while read (401, 413, 408, 503)
 
     async def next_bytes(self, timeout: float) -> bool:
         """Wait up to `timeout` for the first bytes of another request; False if the client
@@ -81,16 +82,23 @@ class Connection:
             self.trailing = data
         return True
 
-    async def read_request(self, timeout: float, bodies: BodyBudget) -> Request | None:
+    async def read_request(
+        self, timeout: float, bodies: BodyBudget, vet: Callable[[Request], object] = lambda _: None
+    ) -> Request | None:
         """The request, or None if the client left first; 408 if it takes over `timeout`; 503 if
-        its body does not fit what `bodies` has left (it is reserved while the body arrives)."""
+        its body does not fit what `bodies` has left (it is reserved while the body arrives).
+        `vet(head)` raises for a request refused on its head alone, before its body is read or
+        any of the budget spent on it."""
         parser, continued, reserved = RequestParser(), False, 0
         parser.feed(self.trailing)
+        self.unfinished = None
 
         async def read() -> Request | None:
             nonlocal continued, reserved
             while (request := parser.next_request()) is None:
                 if parser.head is not None and not reserved:
+                    self.unfinished = parser.head
+                    vet(parser.head)
                     reserved = int(parser.head.headers.get("content-length", "0")) or -1
                     if reserved > 0 and not bodies.reserve(reserved):
                         reserved = -1
@@ -104,6 +112,9 @@ class Connection:
                 if not data:
                     return None
                 parser.feed(data)
+            if not reserved:  # (whole in the first read)
+                self.unfinished = request
+                vet(request)
             return request
 
         try:
@@ -113,8 +124,8 @@ class Connection:
         finally:
             if reserved > 0:
                 bodies.release(reserved)
-            self.unfinished = parser.head  # (None once a request is whole)
-        self.trailing = parser.trailing
+            self.unfinished = self.unfinished or parser.head  # (a head whose framing was refused: 413, 411)
+        self.trailing, self.unfinished = parser.trailing, None
         return request
 
     def stream_buffers(self) -> None:

@@ -73,7 +73,7 @@ class HttpProtocol:
         """Read one request and answer it; whether the connection may carry another."""
         ex = Exchange(conn, UNREAD, write_timeout=self.config.write_timeout)  # (a 400, 408 or 431 while reading)
         try:
-            request = await conn.read_request(self.config.request_timeout, self.bodies)
+            request = await conn.read_request(self.config.request_timeout, self.bodies, self.vet)
             if request is None:
                 return False
             self.ctx.state.served += 1
@@ -103,12 +103,21 @@ class HttpProtocol:
             ex.cors = cors(request, self.config.allow_origin)
         return route
 
-    async def dispatch(self, ex: Exchange) -> None:
-        request, ctx = ex.request, self.ctx
-        route = self.prepare(ex, request)
+    def vet(self, request: Request) -> None:
+        """What a request must pass on its head alone, before its body is read: its Host, its
+        path, and the key where its route needs one (a stranger without the key reserved the
+        bodies' budget with heads of 1 MiB bodies never sent, and every POST got 503)."""
+        route = routes.find(request.path)
         check_host(request, self.hosts)
         if route is None:
             raise ProtocolError(f"no such path: {request.path}", 404)
+        if request.method in route.methods and not route.open:  # (a preflight and a 405 need no key)
+            check_key(request, self.config.api_key)
+
+    async def dispatch(self, ex: Exchange) -> None:
+        request, ctx = ex.request, self.ctx
+        route = self.prepare(ex, request)
+        assert route is not None  # (vet: a 404 before the body)
         ex.format = route.format  # the /v1/ family answers every error in its API's shape
         if request.method == "OPTIONS":
             fields = preflight(request, self.config.allow_origin, route.methods)
@@ -118,8 +127,6 @@ class HttpProtocol:
         if request.method not in route.methods:
             allow = ", ".join(route.methods)
             raise ProtocolError(f"{request.path} takes {' or '.join(route.methods)}", 405, headers=[("Allow", allow)])
-        if not route.open:
-            check_key(request, self.config.api_key)
         check_json(request)
         if route.model and not ctx.backend.loaded:
             raise ProtocolError("the model is still loading: GET /ready says when", 503, headers=[("Retry-After", "2")])
