@@ -95,6 +95,47 @@ def test_a_view_taken_over_after_its_last_reader_left_stops_after_the_grace():
     assert asyncio.run(run(0, background=True)) == (True, False)
 
 
+def test_ended_streams_are_kept_within_a_size_too():
+    """Ended streams are kept by count and age, and by the bytes their events hold (256 answers of
+    4,096 tokens, kept 300 s, were ~350 MB): past `size`, the oldest ended ones go first; a live
+    one stays whatever it holds."""
+    import asyncio
+
+    from streaming.server.resumable.recordings import EVENT_OVERHEAD
+
+    class FakeJob:
+        stop = None
+
+    async def run():
+        store = Recordings(count=10, seconds=100, size=3 * (1000 + EVENT_OVERHEAD))
+        recs = [store.create(FakeJob()) for _ in range(5)]
+        for rec in recs:
+            rec.append(b"x" * 1000)
+        for rec in recs[:4]:
+            rec.end()
+        store.purge()
+        return [rec.id in store for rec in recs]
+
+    assert asyncio.run(run()) == [False, True, True, True, True]
+
+
+def test_abandoned_streams_past_the_bound_stop_oldest_first_but_never_a_background_one():
+    """Past `orphans` live streams that nobody reads, the oldest stop now; a background response
+    (OpenAI's background mode) is not among them: it goes on to its end, read or not (16 dropped
+    EventSource readers of anyone's cancelled it before)."""
+    import threading
+
+    class FakeJob:
+        def __init__(self):
+            self.stop, self.orphaned = threading.Event(), False
+
+    store = Recordings(orphans=2)
+    recs = [store.create(FakeJob()) for _ in range(4)]
+    recs[0].background = True
+    store.limit_orphans()
+    assert [r.job.stop.is_set() for r in recs] == [False, True, False, False]
+
+
 def test_get_stream_is_the_same_answer_with_ids_and_a_retry(servers):
     port = servers["resuming"].port
     status, headers, body = get(port, QUERY)

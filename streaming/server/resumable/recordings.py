@@ -9,7 +9,7 @@ rest, from the same generation: no token is generated twice.
 
 The record outlives its readers for a while: generation goes on for `grace` seconds after the last
 reader left (then it stops, as for any reader who left), and an ended stream is kept for `keep`
-seconds, at most `count` of them. At most `orphans` live streams may have no reader: past that
+seconds, at most `count` of them and `size` bytes of their events. At most `orphans` live streams may have no reader: past that
 the oldest stops at once, and the engine admits streams with a reader before those without. An
 id we never issued, or one forgotten, is unknown: the server answers 204, which tells EventSource
 to stop reconnecting, never a silent new generation.
@@ -31,7 +31,12 @@ from collections.abc import Iterable
 from streaming.generation.job import Job
 from streaming.wire import sse
 
-KEEP_COUNT = 256  # ended streams kept; 256 answers of 4096 tokens are ~4 MB of text at most
+KEEP_COUNT = 256  # ended streams kept (and at most KEEP_BYTES of them)
+# Ended streams' events kept, all together: an event is its encoded bytes (a Responses API text
+# delta ~217, GET /stream's ~60 and more) and EVENT_OVERHEAD besides, so 256 answers of 4,096
+# tokens held ~350 MB for --resume-keep; at this bound the oldest ended ones go first.
+KEEP_BYTES = 64 * 1024 * 1024
+EVENT_OVERHEAD = 125  # sys.getsizeof: a bytes object's header 33, a tuple of one id 48 and the id 28, two list slots 16
 KEEP_SECONDS = 300.0  # how long an ended stream can still be resumed: longer than any reconnect
 GRACE_SECONDS = 10.0  # how long generation waits for a reader to come back (EventSource retries in ~3 s)
 ORPHANS = 16  # live streams without a reader: past it the oldest stops now, not after the grace
@@ -75,6 +80,7 @@ class Recording:
         self.read_to = 0  # events any reader has been sent: the furthest one's count
         self.moved = asyncio.Event()  # set (and replaced) whenever read_to grows
         self.background = False  # goes on to its end with no reader (the Responses API's background mode)
+        self.size = 0  # bytes its events hold, EVENT_OVERHEAD each included
 
     def add(self, data: str, event: str | None = None, ids: Iterable[int] = (), last: bool = False) -> None:
         self.append(sse.event(data, event=event, id=f"{self.id}.{len(self.events)}"), ids, last)
@@ -83,6 +89,7 @@ class Recording:
         """An event as encoded (a view copies them from Redis)."""
         self.events.append(encoded)
         self.tokens.append(tuple(ids))
+        self.size += len(encoded) + EVENT_OVERHEAD
         self.last = self.last or last
         self.grew.set()
         self.grew = asyncio.Event()
@@ -158,8 +165,10 @@ class Recordings:
     """The recordings by stream id, bounded in count and age (only ended ones are dropped: a live
     stream is bounded by its generation). Nobody else touches the dict: these are its methods."""
 
-    def __init__(self, count: int = KEEP_COUNT, seconds: float = KEEP_SECONDS, orphans: int = ORPHANS) -> None:
-        self.count, self.seconds, self.orphans = count, seconds, orphans
+    def __init__(
+        self, count: int = KEEP_COUNT, seconds: float = KEEP_SECONDS, orphans: int = ORPHANS, size: int = KEEP_BYTES
+    ) -> None:
+        self.count, self.seconds, self.orphans, self.size = count, seconds, orphans, size
         self._by_id: OrderedDict[str, Recording] = OrderedDict()
 
     def __len__(self) -> int:
@@ -199,14 +208,19 @@ class Recordings:
     def limit_orphans(self) -> None:
         """Stop the oldest live streams that nobody reads, past `orphans` of them: a burst of
         abandoned streams must not delay the streams people are reading."""
-        live = [r for r in self._by_id.values() if not r.ended and r.readers == 0 and r.job is not None]
+        # (a background stream goes on to its end, read or not: the engine's admission bounds those)
+        live = [
+            r for r in self._by_id.values() if not r.ended and r.readers == 0 and r.job is not None and not r.background
+        ]
         for rec in live[: max(0, len(live) - self.orphans)]:
             assert rec.job is not None
             rec.job.stop.set()
 
     def purge(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
-        ended = [(s, rec.ended_at) for s, rec in self._by_id.items() if rec.ended_at is not None]
-        for i, (s, at) in enumerate(ended):
-            if i < len(ended) - self.count or now - at > self.seconds:
+        ended = [(s, rec.ended_at, rec.size) for s, rec in self._by_id.items() if rec.ended_at is not None]
+        held = sum(size for _, _, size in ended)
+        for i, (s, at, size) in enumerate(ended):  # (in the order they were made: the oldest first)
+            if i < len(ended) - self.count or now - at > self.seconds or held > self.size:
                 del self._by_id[s]
+                held -= size
