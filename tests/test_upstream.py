@@ -113,7 +113,13 @@ def test_errors_before_the_headers_are_502_in_each_endpoints_shape():
         s.wait()
         status, _, raw = http(s.port, "POST", "/complete", {"prompt": "a"})
         assert status == 502 and json.loads(raw)["error"]["type"] == "upstream_failed"
-        assert "cannot be reached" in json.loads(raw)["error"]["message"]
+        message = json.loads(raw)["error"]["message"]
+        assert message == "the upstream cannot be reached: Connection refused", message  # (its address is the log's)
+        named = f"upstream http://127.0.0.1:{dead}/v1 failed (upstream http://127.0.0.1:{dead}/v1 cannot be reached"
+        deadline = time.monotonic() + 10
+        while not any(line.startswith(named) for line in s.lines) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert any(line.startswith(named) for line in s.lines), s.lines
         status, _, raw = http(s.port, "POST", "/v1/chat/completions", {"model": "m", "messages": MESSAGES})
         assert status == 502 and json.loads(raw)["error"]["type"] == "server_error"  # OpenAI's shape
         ws = WSClient(s.port)

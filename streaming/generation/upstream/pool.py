@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -49,13 +50,22 @@ class UpstreamError(Exception):
     """An upstream failed a request: `status` is what our endpoint answers, `retry` whether
     another upstream may do better."""
 
-    def __init__(self, message: str, status: int = 502, retry: bool = True) -> None:
+    def __init__(self, message: str, status: int = 502, retry: bool = True, url: str | None = None) -> None:
         super().__init__(message)
-        self.status, self.retry = status, retry
+        self.status, self.retry, self.url = status, retry, url
 
     def protocol(self) -> ProtocolError:
+        """As the reader is told it: the upstream unnamed (its address, any user:password in it,
+        is the operator's: the log names it)."""
         kind = {502: "upstream_failed", 503: "upstream_overloaded", 504: "upstream_timeout"}.get(self.status)
-        return ProtocolError(str(self), self.status, close_code=1011, kind=kind)
+        told = str(self).replace(f"upstream {self.url}", "the upstream") if self.url else str(self)
+        return ProtocolError(told, self.status, close_code=1011, kind=kind)
+
+
+def failure(e: OSError) -> str:
+    """What went wrong with a connection, in the system's words for its errno ("Connection
+    refused"): asyncio's own message names the address ("Connect call failed ('10.0.0.5', 8000)")."""
+    return os.strerror(e.errno) if e.errno else type(e).__name__
 
 
 @dataclass
@@ -92,9 +102,11 @@ async def connect(u: Upstream) -> tuple[asyncio.StreamReader, asyncio.StreamWrit
     try:
         return await http_client.connect(u.parts, CONNECT_TIMEOUT)
     except asyncio.TimeoutError:
-        raise UpstreamError(f"upstream {u.url} did not accept a connection in {CONNECT_TIMEOUT:g} s", 504) from None
+        raise UpstreamError(
+            f"upstream {u.url} did not accept a connection in {CONNECT_TIMEOUT:g} s", 504, url=u.url
+        ) from None
     except OSError as e:
-        raise UpstreamError(f"upstream {u.url} cannot be reached: {e.strerror or e}") from None
+        raise UpstreamError(f"upstream {u.url} cannot be reached: {failure(e)}", url=u.url) from None
 
 
 def request_bytes(u: Upstream, method: str, path: str, body: bytes | None, key: str | None) -> bytes:
@@ -112,7 +124,9 @@ async def get(u: Upstream, path: str, key: str | None) -> tuple[Response, bytes]
     try:
         return await asyncio.wait_for(get_within(u, path, key), GET_TIMEOUT)
     except asyncio.TimeoutError:
-        raise UpstreamError(f"upstream {u.url} did not answer GET {path} in {GET_TIMEOUT:g} s", 504) from None
+        raise UpstreamError(
+            f"upstream {u.url} did not answer GET {path} in {GET_TIMEOUT:g} s", 504, url=u.url
+        ) from None
 
 
 async def get_within(u: Upstream, path: str, key: str | None) -> tuple[Response, bytes]:
@@ -134,10 +148,12 @@ def refusal(u: Upstream, status: int, body: bytes) -> UpstreamError:
     except (ValueError, AttributeError):
         message = body.decode("utf-8", "replace")[:200]
     if status in RETRYABLE:
-        return UpstreamError(f"upstream {u.url} answered {status}: {message}", 503 if status in OVERLOADED else 502)
+        return UpstreamError(
+            f"upstream {u.url} answered {status}: {message}", 503 if status in OVERLOADED else 502, url=u.url
+        )
     if status in (400, 404, 413, 422):  # about the request: the reader's to fix
         return UpstreamError(f"the upstream refused the request: {message}", status, retry=False)
-    return UpstreamError(f"upstream {u.url} answered {status}: {message}", 502, retry=False)
+    return UpstreamError(f"upstream {u.url} answered {status}: {message}", 502, retry=False, url=u.url)
 
 
 # What a probe or a /models request may fail with: the connection, the parser, silence.
