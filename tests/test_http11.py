@@ -4,10 +4,13 @@ import pytest
 
 from streaming.wire.errors import ProtocolError, error_body
 from streaming.wire.http11 import (
+    END,
     MAX_BODY,
     MAX_HEAD,
+    MAX_INTERIM,
     ChunkedDecoder,
     RequestParser,
+    ResponseReader,
     json_response,
     parse_head,
     response,
@@ -157,3 +160,22 @@ def test_chunked_not_done_until_the_last_chunk_and_bare_lf_accepted():
 def test_chunked_malformed(bad):
     with pytest.raises(ProtocolError):
         ChunkedDecoder().feed(bad)
+
+
+def test_interim_responses_are_read_past_to_the_final_one():
+    """RFC 9110 §15.2: a client MUST read past a 1xx it did not expect (100 Continue, 103 Early
+    Hints); it was taken for the final response, its body empty, the real head left unread.
+    A 101 is final (the WebSocket's); endless 1xx are a hostile peer's."""
+    r = ResponseReader()
+    r.feed(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n")
+    assert r.next_event() is None
+    r.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi")
+    head = r.next_event()
+    assert head.status == 200 and "link" not in head.headers and r.next_event() == b"hi" and r.next_event() is END
+    r = ResponseReader()
+    r.feed(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\nframes")
+    assert r.next_event().status == 101 and r.next_event() is END and r.trailing == b"frames"
+    r = ResponseReader()
+    r.feed(b"HTTP/1.1 100 Continue\r\n\r\n" * (MAX_INTERIM + 1))
+    with pytest.raises(ProtocolError):
+        r.next_event()

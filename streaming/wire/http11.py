@@ -332,6 +332,7 @@ class _End:
 
 END = _End()  # the body is complete (ResponseReader.next_event)
 MAX_RESPONSE_HEAD = 64 * 1024  # a response head past this is a broken or hostile peer
+MAX_INTERIM = 16  # interim (1xx) responses read past before the final one: more is a hostile peer
 
 
 class ResponseReader:
@@ -339,10 +340,12 @@ class ResponseReader:
     returns the `Response` head, then body data (`bytes`) as it arrives, then `END`; None means
     "need more data". The body is framed by chunked transfer coding, a Content-Length, or the end
     of the connection (`feed_eof()`); a 101, 204 or 304 has none (RFC 9112 §6.3). `trailing`
-    holds whatever followed the response (a WebSocket's first frames after a 101)."""
+    holds whatever followed the response (a WebSocket's first frames after a 101). Interim
+    responses (100 Continue, 103 Early Hints) are read past (RFC 9110 §15.2: a client MUST)."""
 
     def __init__(self) -> None:
         self.buffer = bytearray()
+        self.interim = 0
         self.response: Response | None = None
         self.chunked: ChunkedDecoder | None = None
         self.remaining: int | None = None  # Content-Length bytes still to come; None: until close
@@ -408,8 +411,14 @@ class ResponseReader:
                 raise ProtocolError(f"malformed header field {line[:40]!r}")
             key = name.strip().lower()
             headers[key] = f"{headers[key]}, {value.strip()}" if key in headers else value.strip()
-        self.response = Response(int(parts[1]), headers)
-        if self.response.status in (101, 204, 304) or 100 <= self.response.status < 200:
+        status = int(parts[1])
+        if 100 <= status < 200 and status != 101:  # interim: the final response follows
+            self.interim += 1
+            if self.interim > MAX_INTERIM:
+                raise ProtocolError(f"more than {MAX_INTERIM} interim responses")
+            return self._head()
+        self.response = Response(status, headers)
+        if status in (101, 204, 304):
             self.remaining = 0
         elif "chunked" in headers.get("transfer-encoding", "").lower():
             self.chunked = ChunkedDecoder()
