@@ -249,34 +249,26 @@ def test_several_clients_at_once_each_get_their_own_answer(servers):
     assert together == alone and len(set(alone)) == 6
 
 
-def test_expect_100_continue(servers):
+@pytest.mark.parametrize("version", ["1.1", "1.0"])
+def test_expect_100_continue(servers, version):
+    """HTTP/1.1: `100 Continue`, then the body, then the answer. HTTP/1.0: the expectation is
+    ignored (RFC 9110 §10.1.1: such a client takes the first status line for the final one):
+    nothing comes before the body is sent."""
     port = servers["plain"].port
     body = json.dumps({"prompt": "Hi", "max_tokens": 2}).encode()
+    host = b"Host: 127.0.0.1\r\n" if version == "1.1" else b""
     with connect(port) as s:
         s.sendall(
-            b"POST /complete HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n"
-            % len(body)
+            b"POST /complete HTTP/%s\r\n%sContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n"
+            % (version.encode(), host, len(body))
         )
-        assert s.recv(100) == b"HTTP/1.1 100 Continue\r\n\r\n"
-        s.sendall(body)
-        status, _, out = read_response(s)
-    assert status == 200 and "text" in json.loads(out)
-
-
-def test_no_100_continue_for_an_http_1_0_client(servers):
-    """Its expectation is ignored (RFC 9110 §10.1.1): nothing comes before the body is sent, then
-    the answer (an HTTP/1.0 client takes the first status line for the final one)."""
-    port = servers["plain"].port
-    body = json.dumps({"prompt": "Hi", "max_tokens": 2}).encode()
-    with connect(port) as s:
-        s.sendall(
-            b"POST /complete HTTP/1.0\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n"
-            % len(body)
-        )
-        s.settimeout(0.5)
-        with pytest.raises(TimeoutError):
-            s.recv(100)
-        s.settimeout(30)
+        if version == "1.1":
+            assert s.recv(100) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        else:
+            s.settimeout(0.5)
+            with pytest.raises(TimeoutError):
+                s.recv(100)
+            s.settimeout(30)
         s.sendall(body)
         status, _, out = read_response(s)
     assert status == 200 and "text" in json.loads(out)

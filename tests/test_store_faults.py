@@ -4,6 +4,7 @@ or int() (a stream id that is not one of ours, an event number in other digits).
 with the streams whole, or with an error the reader is told, and the server using no CPU for a
 stream it cannot serve."""
 
+import contextlib
 import json
 import os
 import signal
@@ -25,6 +26,22 @@ if not REQUIRED and not redisctl.available():
     pytest.skip("needs redis-server (apt-get install redis-server)", allow_module_level=True)
 
 ARGS = ("--token-delay", "0.03", "--resume-grace", "3")
+
+
+@contextlib.contextmanager
+def a_stream_on_a(max_tokens):
+    """Redis, replicas a and b on it, and a reader of a stream on a, 12 events in: (the Redis,
+    a, b, the stream's id, the reader's thread)."""
+    with (
+        redisctl.Redis() as r,
+        ServerProcess("--store", r.url, *ARGS) as a,
+        ServerProcess("--store", r.url, *ARGS) as b,
+    ):
+        a.wait(), b.wait()
+        ids = []
+        t, _ = in_thread(reader.read, a.port, query(max_tokens), on_event=noting(ids))
+        assert when(lambda: len(ids) >= 12, 30)
+        yield r, a, b, ids[0], t
 
 
 def cpu_seconds(pid):
@@ -86,16 +103,7 @@ def test_a_redis_restarted_empty_mid_stream_gets_the_stream_again():
 def test_a_stream_trimmed_under_a_resume_is_a_503_and_no_busy_loop():
     """Redis lost a stream's first entries (XTRIM): a resume on another replica said 200, sent
     nothing, never ended, and ran a core at 95% before; now it is told (503 store_unavailable)."""
-    with (
-        redisctl.Redis() as r,
-        ServerProcess("--store", r.url, *ARGS) as a,
-        ServerProcess("--store", r.url, *ARGS) as b,
-    ):
-        a.wait(), b.wait()
-        ids = []
-        t, _ = in_thread(reader.read, a.port, query(200), on_event=noting(ids))
-        assert when(lambda: len(ids) >= 12, 30)
-        stream = ids[0]
+    with a_stream_on_a(200) as (r, _, b, stream, t):
         redis.Redis.from_url(r.url).xtrim(f"streaming:s:{stream}", minid="0-6", approximate=False)
         before = cpu_seconds(b.proc.pid)
         head = f"GET /stream HTTP/1.1\r\nHost: 127.0.0.1\r\nLast-Event-ID: {stream}.8\r\n\r\n".encode()
@@ -113,16 +121,8 @@ def test_a_reader_following_another_replicas_stream_is_let_go_when_redis_stays_a
     Redis stopped, the view had nothing to send and kept the reader with pings for as long as
     the outage lasted; now its connection ends after takeover.OUTAGE (10 s) without an end, so
     the reader comes back with its last id (to a clear 503 while Redis is away)."""
-    with (
-        redisctl.Redis() as r,
-        ServerProcess("--store", r.url, *ARGS) as a,
-        ServerProcess("--store", r.url, *ARGS) as b,
-    ):
-        a.wait(), b.wait()
-        ids = []
-        t, _ = in_thread(reader.read, a.port, query(2000), on_event=noting(ids))
-        assert when(lambda: len(ids) >= 12, 30)
-        head = f"GET /stream HTTP/1.1\r\nHost: 127.0.0.1\r\nLast-Event-ID: {ids[0]}.5\r\n\r\n".encode()
+    with a_stream_on_a(2000) as (r, a, b, stream, t):
+        head = f"GET /stream HTTP/1.1\r\nHost: 127.0.0.1\r\nLast-Event-ID: {stream}.5\r\n\r\n".encode()
         with socket.create_connection(("127.0.0.1", b.port), timeout=45) as s:
             s.sendall(head)
             assert s.recv(65536).startswith(b"HTTP/1.1 200")
@@ -135,7 +135,7 @@ def test_a_reader_following_another_replicas_stream_is_let_go_when_redis_stays_a
             finally:
                 r.proc.proc.send_signal(signal.SIGCONT)
         assert ended < 25, ended
-        assert http(a.port, "POST", "/stop", {"id": ids[0]})[0] == 200  # (its reader there ends now)
+        assert http(a.port, "POST", "/stop", {"id": stream})[0] == 200  # (its reader there ends now)
         t.join(60)
 
 
