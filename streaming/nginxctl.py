@@ -71,8 +71,13 @@ def config(upstream_port, port, extra=(), tls_port=None, cert_dir=None):
         raise ValueError(f"{CONF} no longer has an upstream block of `server 127.0.0.1:PORT;` lines")
     lines = "".join(f"        server 127.0.0.1:{p}{found[1]};\n" for p in ports)  # each with the first's parameters
     text = text[: found.start()] + lines + text[found.end() :]
-    changes = [("listen 127.0.0.1:8080;", f"listen 127.0.0.1:{port};"),
-               (MARK, MARK + "".join(f"\n    {d}" for d in extra))]  # fmt: skip
+    for d in extra:  # a directive the file sets already is replaced (nginx refuses one set twice)
+        text, n = re.subn(rf"^( *){re.escape(d.split()[0])} [^;]*;", lambda m, d=d: m[1] + d, text, count=1, flags=re.M)
+        if not n:
+            if MARK not in text:
+                raise ValueError(f"{CONF} no longer contains {MARK!r}")
+            text = text.replace(MARK, MARK + f"\n    {d}")
+    changes = [("listen 127.0.0.1:8080;", f"listen 127.0.0.1:{port};")]
     if tls_port is None:
         text = without_tls(text)
     else:

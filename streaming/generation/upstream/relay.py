@@ -130,6 +130,8 @@ class UpstreamJob(Job):
             if not isinstance(e, UpstreamError):
                 print(f"upstream relay failed: {e!r}", file=sys.stderr, flush=True)
                 e = UpstreamError("relaying the upstream's answer failed")
+            elif e.url is not None:  # (its reader is told "the upstream": the log names which)
+                print(f"a request failed: {e}", file=sys.stderr, flush=True)
             if not self.opened.done():
                 self.opened.set_exception(e.protocol())
             self.fail_now(e.protocol())

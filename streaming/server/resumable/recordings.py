@@ -9,10 +9,11 @@ rest, from the same generation: no token is generated twice.
 
 The record outlives its readers for a while: generation goes on for `grace` seconds after the last
 reader left (then it stops, as for any reader who left), and an ended stream is kept for `keep`
-seconds, at most `count` of them and `size` bytes of their events. At most `orphans` live streams may have no reader: past that
-the oldest stops at once, and the engine admits streams with a reader before those without. An
-id we never issued, or one forgotten, is unknown: the server answers 204, which tells EventSource
-to stop reconnecting, never a silent new generation.
+seconds, at most `count` of them and `size` bytes of their events. At most `orphans` live streams
+may have no reader: past that the oldest stops at once (never a background one), and the engine
+admits streams with a reader before those without. An id we never issued, or one forgotten, is
+unknown: the server answers 204, which tells EventSource to stop reconnecting, never a silent new
+generation.
 
 No I/O here: the pump (pump.py) appends events, the endpoints read them. A recording may also be
 a *view*: a stream another replica generates (job None), filled from Redis (takeover.py), which
@@ -157,6 +158,7 @@ class Recording:
         self.orphaned(grace)
 
     def orphaned(self, grace: float | None) -> None:
+        """Nobody reads it: unless it is a background stream, generation stops after `grace` s."""
         if self.job is not None and self.readers == 0 and not self.ended and grace is not None and not self.background:
             self.grace = asyncio.get_running_loop().call_later(grace, self.job.stop.set)
 
