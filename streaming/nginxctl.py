@@ -72,7 +72,8 @@ def config(upstream_port, port, extra=(), tls_port=None, cert_dir=None):
     lines = "".join(f"        server 127.0.0.1:{p}{found[1]};\n" for p in ports)  # each with the first's parameters
     text = text[: found.start()] + lines + text[found.end() :]
     for d in extra:  # a directive the file sets already is replaced (nginx refuses one set twice)
-        text, n = re.subn(rf"^( *){re.escape(d.split()[0])} [^;]*;", lambda m, d=d: m[1] + d, text, count=1, flags=re.M)
+        line = re.compile(rf"^( *){re.escape(d.split()[0])} [^;]*;", re.M)
+        text, n = line.subn(lambda m: m[1] + d, text, count=1)  # noqa: B023 - used at once, in this round
         if not n:
             if MARK not in text:
                 raise ValueError(f"{CONF} no longer contains {MARK!r}")
