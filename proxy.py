@@ -15,9 +15,10 @@ and everything else a real proxy does.
 import argparse
 import asyncio
 
-from streaming.wire.http11 import response
+from streaming.wire.http11 import HEAD_END, response
 
 BLOCK = 8192  # bytes: one memory page of nginx's proxy buffers on many systems
+MAX_HEAD = 64 * 1024  # a response head past this (or one never ended) is not HTTP: 502, as nginx says
 
 
 async def pipe_up(client_r, up_w):
@@ -44,9 +45,13 @@ async def handle(client_r, client_w, args):
         while data := await up_r.read(65536):
             if head is None:
                 buffered += data
-                if b"\r\n\r\n" not in buffered:
+                if (end := HEAD_END.search(buffered)) is None:
+                    if len(buffered) > MAX_HEAD:
+                        client_w.write(response(502, content_type=None))
+                        buffered = b""
+                        break
                     continue
-                head = buffered.split(b"\r\n\r\n", 1)[0]
+                head = buffered[: end.start()]
                 passthrough = args.honor and b"x-accel-buffering: no" in head.lower()
                 data, buffered = buffered, b""
             if passthrough:
@@ -76,7 +81,10 @@ def parse_args(argv=None):
     p.add_argument("--upstream-host", default="127.0.0.1")
     p.add_argument("--upstream-port", type=int, default=8765)
     p.add_argument("--block", type=int, default=BLOCK, help="bytes forwarded at a time")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.block < 1:
+        p.error("--block must be at least 1 byte")
+    return args
 
 
 async def serve(args):

@@ -155,6 +155,15 @@ def test_proxy_closes_upstream_when_the_client_leaves():
     assert "upstream saw end-of-file" in events
 
 
+def test_proxy_answers_502_to_a_head_past_64_kib_and_refuses_a_block_of_0():
+    """A response head past proxy.MAX_HEAD (or one never ended) is not HTTP: a 502, where the
+    buffer grew with every read until the upstream closed. --block 0 spun for ever."""
+    reads, _ = asyncio.run(through_proxy(False, [b"X-Big: " + b"a" * 200_000], [b"body"]))
+    assert b"".join(reads).startswith(b"HTTP/1.1 502")
+    with pytest.raises(SystemExit):
+        proxy.parse_args(["--block", "0"])
+
+
 def test_experiments_all_end_to_end_with_the_tiny_model(tmp_path):
     out = subprocess.run(
         [sys.executable, "experiments.py", "all", "--model", "tiny", "--prompts", "2", "--results", str(tmp_path)],
