@@ -390,17 +390,20 @@ async def wait_ready(host=None, port=None, timeout=READY_WAIT):
     ServerError with one clear line if nothing does within `timeout` seconds."""
     host, port = host or HOST, port or PORT
     deadline, said = time.monotonic() + timeout, False
-    while True:
+
+    async def ready() -> bool:
+        r, w = await asyncio.open_connection(host, port)
         try:
-            r, w = await asyncio.open_connection(host, port)
-            try:
-                w.write(http11.request_head("GET", "/ready", host, [("Connection", "close")]))
-                reply = Reply(r)
-                if (await reply.read_head()).status == 200:
-                    return
-            finally:
-                w.close()
-        except (OSError, ServerError):
+            w.write(http11.request_head("GET", "/ready", host, [("Connection", "close")]))
+            return (await Reply(r).read_head()).status == 200
+        finally:
+            w.close()
+
+    while True:
+        try:  # (each try within the deadline: a peer that accepts and never answers must not hold it)
+            if await asyncio.wait_for(ready(), max(0.1, deadline - time.monotonic())):
+                return
+        except (OSError, ServerError, asyncio.TimeoutError):
             pass
         if time.monotonic() > deadline:
             raise ServerError(f"no server ready at {host}:{port}: start `python server.py` first")

@@ -43,29 +43,39 @@ def say(message):
     print(f"[experiments] {message}", file=sys.stderr, flush=True)
 
 
-async def new_log_entry(port, before, host=None):
-    """The server's record of the request after the first `before` ones, once it has finished."""
+async def logged(port, host=None):
+    """How many answers the server has logged since it started (/log keeps only the latest
+    10,000: its length stops growing there)."""
+    return (await client.get_json("/metrics.json", host, port))["requests_logged"]
+
+
+async def new_log_entry(port, before, path, host=None):
+    """The server's record of the first request to `path` it logged after its first `before`
+    answers, once it has finished (another reader's answers may be logged meanwhile)."""
     deadline = time.monotonic() + LOG_WAIT
     while time.monotonic() < deadline:
+        count = await logged(port, host)
         log = await client.get_json("/log", host, port)
-        if len(log) > before:
-            return log[before]
+        if count > before and await logged(port, host) == count:  # (/log read between two equal counts)
+            newer = log[max(0, len(log) - (count - before)) :]
+            if entry := next((e for e in newer if e[0] == path), None):
+                return entry
         await asyncio.sleep(0.1)
-    raise TimeoutError(f"the server on port {port} logged nothing within {LOG_WAIT} s")
+    raise TimeoutError(f"the server on port {port} logged nothing for {path} within {LOG_WAIT} s")
 
 
 async def leave(port, host=None):
-    before = len(await client.get_json("/log", host, port))
+    before = await logged(port, host)
     await client.post("/stream", PROMPT, N, stop_after=LEAVE_AFTER, host=host, port=port)
-    path, generated, left = await new_log_entry(port, before, host)
+    path, generated, left = await new_log_entry(port, before, "/stream", host)
     print(f"SSE client left after {LEAVE_AFTER} pieces: the server generated {generated} tokens in all", flush=True)
     return generated
 
 
 async def stop(port, host=None):
-    before = len(await client.get_json("/log", host, port))
+    before = await logged(port, host)
     await client.websocket(PROMPT, N, stop_after=LEAVE_AFTER, host=host, port=port)
-    path, generated, stopped = await new_log_entry(port, before, host)
+    path, generated, stopped = await new_log_entry(port, before, "/ws", host)
     print(
         f"WebSocket client said stop after {LEAVE_AFTER} pieces: the server generated {generated} tokens in all",
         flush=True,
