@@ -51,14 +51,15 @@ class UpstreamError(Exception):
     another upstream may do better."""
 
     def __init__(self, message: str, status: int = 502, retry: bool = True, url: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.retry, self.url = status, retry, url
+        """`url`: the upstream that failed, which str() names before `message` (for the log)."""
+        super().__init__(f"upstream {url} {message}" if url else message)
+        self.status, self.retry, self.url, self.message = status, retry, url, message
 
     def protocol(self) -> ProtocolError:
         """As the reader is told it: the upstream unnamed (its address, any user:password in it,
         is the operator's: the log names it)."""
         kind = {502: "upstream_failed", 503: "upstream_overloaded", 504: "upstream_timeout"}.get(self.status)
-        told = str(self).replace(f"upstream {self.url}", "the upstream") if self.url else str(self)
+        told = f"the upstream {self.message}" if self.url else self.message
         return ProtocolError(told, self.status, close_code=1011, kind=kind)
 
 
@@ -102,11 +103,9 @@ async def connect(u: Upstream) -> tuple[asyncio.StreamReader, asyncio.StreamWrit
     try:
         return await http_client.connect(u.parts, CONNECT_TIMEOUT)
     except asyncio.TimeoutError:
-        raise UpstreamError(
-            f"upstream {u.url} did not accept a connection in {CONNECT_TIMEOUT:g} s", 504, url=u.url
-        ) from None
+        raise UpstreamError(f"did not accept a connection in {CONNECT_TIMEOUT:g} s", 504, url=u.url) from None
     except OSError as e:
-        raise UpstreamError(f"upstream {u.url} cannot be reached: {failure(e)}", url=u.url) from None
+        raise UpstreamError(f"cannot be reached: {failure(e)}", url=u.url) from None
 
 
 def request_bytes(u: Upstream, method: str, path: str, body: bytes | None, key: str | None) -> bytes:
@@ -124,9 +123,7 @@ async def get(u: Upstream, path: str, key: str | None) -> tuple[Response, bytes]
     try:
         return await asyncio.wait_for(get_within(u, path, key), GET_TIMEOUT)
     except asyncio.TimeoutError:
-        raise UpstreamError(
-            f"upstream {u.url} did not answer GET {path} in {GET_TIMEOUT:g} s", 504, url=u.url
-        ) from None
+        raise UpstreamError(f"did not answer GET {path} in {GET_TIMEOUT:g} s", 504, url=u.url) from None
 
 
 async def get_within(u: Upstream, path: str, key: str | None) -> tuple[Response, bytes]:
@@ -148,12 +145,10 @@ def refusal(u: Upstream, status: int, body: bytes) -> UpstreamError:
     except (ValueError, AttributeError):
         message = body.decode("utf-8", "replace")[:200]
     if status in RETRYABLE:
-        return UpstreamError(
-            f"upstream {u.url} answered {status}: {message}", 503 if status in OVERLOADED else 502, url=u.url
-        )
+        return UpstreamError(f"answered {status}: {message}", 503 if status in OVERLOADED else 502, url=u.url)
     if status in (400, 404, 413, 422):  # about the request: the reader's to fix
         return UpstreamError(f"the upstream refused the request: {message}", status, retry=False)
-    return UpstreamError(f"upstream {u.url} answered {status}: {message}", 502, retry=False, url=u.url)
+    return UpstreamError(f"answered {status}: {message}", 502, retry=False, url=u.url)
 
 
 # What a probe or a /models request may fail with: the connection, the parser, silence.

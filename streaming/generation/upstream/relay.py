@@ -187,15 +187,15 @@ class UpstreamJob(Job):
         try:
             return await asyncio.wait_for(step, max(0.0, self.deadline - time.monotonic()))
         except ProtocolError as e:
-            raise UpstreamError(f"upstream {u.url} sent a broken answer: {e.message}", url=u.url) from None
+            raise UpstreamError(f"sent a broken answer: {e.message}", url=u.url) from None
         except asyncio.TimeoutError:
             if self.produced == self.prior_pieces:
-                message = f"upstream {u.url} sent nothing in {self.pool.first_text:g} s (pings do not count)"
+                message = f"sent nothing in {self.pool.first_text:g} s (pings do not count)"
                 raise UpstreamError(message, 504, url=u.url) from None
-            message = f"upstream {u.url} sent nothing for {self.pool.silence:g} s mid-answer (pings do not count)"
+            message = f"sent nothing for {self.pool.silence:g} s mid-answer (pings do not count)"
             raise UpstreamError(message, 504, url=u.url) from None
         except OSError as e:
-            raise UpstreamError(f"upstream {u.url} broke the connection: {failure(e)}", url=u.url) from None
+            raise UpstreamError(f"broke the connection: {failure(e)}", url=u.url) from None
 
     async def relay(self, u: Upstream, reply: http_client.Reply) -> None:
         events, reason = EventParser(status=502), None
@@ -212,14 +212,14 @@ class UpstreamJob(Job):
                 data = await self.read(u, anext(chunks))
             except StopAsyncIteration:  # `transformers serve` ends after its finish_reason, without [DONE]
                 if reason is None:
-                    message = f"upstream {u.url} ended its answer without a finish_reason or [DONE]"
+                    message = "ended its answer without a finish_reason or [DONE]"
                     raise UpstreamError(message, url=u.url) from None
                 self.finish_as(reason)
                 return
             try:
                 parsed = events.feed(data)
             except ProtocolError as e:  # a line or an event past the parser's limit
-                raise UpstreamError(f"upstream {u.url} sent a broken answer: {e.message}", url=u.url) from None
+                raise UpstreamError(f"sent a broken answer: {e.message}", url=u.url) from None
             for ev in parsed:
                 if ev.data == "[DONE]":
                     self.finish_as(reason or "stopped")
@@ -235,9 +235,9 @@ class UpstreamJob(Job):
         try:
             chunk = read_chunk(data)
         except ProtocolError as e:
-            raise UpstreamError(f"upstream {u.url} sent {e.message}", url=u.url) from None
+            raise UpstreamError(f"sent {e.message}", url=u.url) from None
         if chunk.error is not None:
-            raise UpstreamError(f"upstream {u.url} failed mid-answer: {chunk.error}", url=u.url)
+            raise UpstreamError(f"failed mid-answer: {chunk.error}", url=u.url)
         if chunk.usage is not None:
             prompt, completion = asking.counts(chunk.usage, u.url)
             self.prompt_tokens = prompt or self.prompt_tokens  # (0 is no count: ours stays)
