@@ -189,3 +189,24 @@ def test_a_gguf_file_gets_a_cache_folder_keyed_by_its_path_size_and_time(tmp_pat
     assert bundled.gguf_folder(f) != first  # a changed file is converted again
     assert served_name(str(f)) == "my-model-q4"  # /v1/models: a short id, not the file's full path
     assert served_name("bundled") == "qwen2.5-coder-0.5b-instruct"
+
+
+def test_processes_side_by_side_on_an_empty_cache_assemble_the_model_once(tmp_path):
+    """Three processes (servers started together on a fresh machine, as the tests' fixtures do):
+    each wrote the same temporary file and one renamed it from under another ("could not load the
+    model tiny: [Errno 2] No such file or directory: '...q4_k_m.tmp'"). Now one assembles it and
+    the others wait for it."""
+    import os
+
+    code = "from streaming.model import bundled; print(bundled.bundled_gguf())"
+    env = dict(os.environ, LM_CACHE=str(tmp_path))
+    run = [sys.executable, "-c", code]
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    procs = [subprocess.Popen(run, cwd=ROOT, env=env, **pipes) for _ in range(3)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [err for _, err in outs]
+    gguf = tmp_path / f"{bundled.BUNDLED_NAME}.gguf"
+    assert {out.strip() for out, _ in outs} == {str(gguf)}
+    assert sum("assembling" in err for _, err in outs) == 1
+    assert bundled.sha256(gguf) == bundled.BUNDLED_SHA256
+    assert sorted(f.name for f in tmp_path.iterdir()) == sorted([gguf.name, gguf.name + ".lock"])

