@@ -1,12 +1,15 @@
 """The article's worst-case hop: a proxy that forwards responses only in 8 KB blocks.
 
     python proxy.py [--honor] [--port 8766] [--upstream-port 8765] [--block 8192]
+                    [--connect-timeout 10] [--read-timeout 600] [--send-timeout 60]
 
 It passes each request up at once and holds the response back until it has a whole block (the
 rest goes at the end), as nginx's proxy_buffering, a gzip filter or a CDN can. With --honor it
 passes a response straight through when its headers carry `X-Accel-Buffering: no`, the header
 nginx honors to turn buffering off for one response. When the client closes, it closes its
-upstream connection, so the server still sees the reader leave.
+upstream connection, so the server still sees the reader leave. Each wait is bounded, as nginx
+bounds them: an upstream that does not accept, or says nothing before its head, gets the client a
+504; one that goes quiet mid-answer, or a client that takes no bytes, ends the connection.
 
 Leaves out: parsing the request (bytes are piped as they are), several requests per connection,
 and everything else a real proxy does.
@@ -19,6 +22,20 @@ from streaming.wire.http11 import HEAD_END, response
 
 BLOCK = 8192  # bytes: one memory page of nginx's proxy buffers on many systems
 MAX_HEAD = 64 * 1024  # a response head past this (or one never ended) is not HTTP: 502, as nginx says
+# Seconds. An upstream that has not accepted in this long is down (one upstream here, so longer than
+# nginx/streaming.conf's 2 s, which has replicas to try next): 504.
+CONNECT_TIMEOUT = 10.0
+# Between two reads from upstream: as nginx/streaming.conf's proxy_read_timeout, since a whole
+# answer ("stream": false) says nothing until it is done; streams ping every 15 s.
+READ_TIMEOUT = 600.0
+# For a client to take what is written: nginx's send_timeout. A client that never reads would
+# otherwise hold the connection, its upstream (generating on) and the held bytes for good.
+SEND_TIMEOUT = 60.0
+
+
+def gateway_error(client_w, status):
+    """A 502 or 504 with no body (Content-Length: 0, Connection: close)."""
+    client_w.write(response(status, content_type=None))
 
 
 async def pipe_up(client_r, up_w):
@@ -34,20 +51,29 @@ async def pipe_up(client_r, up_w):
 
 async def handle(client_r, client_w, args):
     try:
-        up_r, up_w = await asyncio.open_connection(args.upstream_host, args.upstream_port)
-    except OSError:
-        client_w.write(response(502, content_type=None))  # Content-Length: 0, Connection: close
+        connecting = asyncio.open_connection(args.upstream_host, args.upstream_port)
+        up_r, up_w = await asyncio.wait_for(connecting, args.connect_timeout)
+    except (OSError, TimeoutError) as e:
+        gateway_error(client_w, 504 if isinstance(e, TimeoutError) else 502)
         client_w.close()
         return
     up = asyncio.create_task(pipe_up(client_r, up_w))
-    buffered, head, passthrough = b"", None, False
+    buffered, head, passthrough, taken = b"", None, False, True
+
+    async def send(data):
+        nonlocal taken
+        client_w.write(data)
+        taken = False  # until drained: a client that never reads is aborted below, not waited on
+        await asyncio.wait_for(client_w.drain(), args.send_timeout)
+        taken = True
+
     try:
-        while data := await up_r.read(65536):
+        while data := await asyncio.wait_for(up_r.read(65536), args.read_timeout):
             if head is None:
                 buffered += data
                 if (end := HEAD_END.search(buffered)) is None:
                     if len(buffered) > MAX_HEAD:
-                        client_w.write(response(502, content_type=None))
+                        gateway_error(client_w, 502)
                         buffered = b""
                         break
                     continue
@@ -55,22 +81,25 @@ async def handle(client_r, client_w, args):
                 passthrough = args.honor and b"x-accel-buffering: no" in head.lower()
                 data, buffered = buffered, b""
             if passthrough:
-                client_w.write(data)
-                await client_w.drain()
+                await send(data)
                 continue
             buffered += data
             while len(buffered) >= args.block:
-                client_w.write(buffered[: args.block])
-                buffered = buffered[args.block :]
-                await client_w.drain()
-        client_w.write(buffered)
-        await client_w.drain()
+                block, buffered = buffered[: args.block], buffered[args.block :]
+                await send(block)
+        await send(buffered)
+    except TimeoutError:
+        if head is None and taken:  # the upstream said nothing in time: nothing went to the client
+            gateway_error(client_w, 504)
     except ConnectionError:
         pass
     finally:
         up.cancel()
         up_w.close()
-        client_w.close()
+        if taken:
+            client_w.close()
+        else:
+            client_w.transport.abort()  # close() would wait for a client that never reads
 
 
 def parse_args(argv=None):
@@ -81,9 +110,15 @@ def parse_args(argv=None):
     p.add_argument("--upstream-host", default="127.0.0.1")
     p.add_argument("--upstream-port", type=int, default=8765)
     p.add_argument("--block", type=int, default=BLOCK, help="bytes forwarded at a time")
+    p.add_argument("--connect-timeout", type=float, default=CONNECT_TIMEOUT, help="seconds (504 past it)")
+    p.add_argument("--read-timeout", type=float, default=READ_TIMEOUT, help="seconds between upstream reads")
+    p.add_argument("--send-timeout", type=float, default=SEND_TIMEOUT, help="seconds for a client to take a block")
     args = p.parse_args(argv)
     if args.block < 1:
         p.error("--block must be at least 1 byte")
+    for name in ("connect_timeout", "read_timeout", "send_timeout"):
+        if not getattr(args, name) > 0:
+            p.error(f"--{name.replace('_', '-')} must be more than 0 seconds")
     return args
 
 

@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import socket
 import subprocess
 import sys
 
@@ -162,6 +163,110 @@ def test_proxy_answers_502_to_a_head_past_64_kib_and_refuses_a_block_of_0():
     assert b"".join(reads).startswith(b"HTTP/1.1 502")
     with pytest.raises(SystemExit):
         proxy.parse_args(["--block", "0"])
+
+
+async def proxied(upstream_handle, extra_args, left=None, request=b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"):
+    """proxy.py in front of `upstream_handle`; returns what its client got and how long it took
+    to end (None: the proxy never ended it within 10 s). With `left` (an event the upstream sets
+    when the proxy leaves it), the client never reads, and the time is until `left` is set."""
+    up = await asyncio.start_server(upstream_handle, "127.0.0.1", 0)
+    argv = ["--port", "0", "--upstream-port", str(up.sockets[0].getsockname()[1]), *extra_args]
+    args = proxy.parse_args(argv)
+    px = await asyncio.start_server(lambda r, w: proxy.handle(r, w, args), "127.0.0.1", 0)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    if left is None:
+        r, w = await asyncio.open_connection("127.0.0.1", px.sockets[0].getsockname()[1])
+        w.write(request)
+        got, took = b"", None
+        try:
+            async with asyncio.timeout(10):
+                while data := await r.read(65536):
+                    got += data
+                took = loop.time() - start
+        except TimeoutError:
+            pass
+        w.close()
+    else:  # a client that sends its request and then never reads: a socket with a tiny receive buffer
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        await loop.sock_connect(sock, ("127.0.0.1", px.sockets[0].getsockname()[1]))
+        await loop.sock_sendall(sock, request)
+        got, took = b"", None
+        async with asyncio.timeout(10):  # the proxy ends the connection: the upstream sees it leave
+            await left.wait()
+            took = loop.time() - start
+        sock.close()
+    px.close()
+    up.close()
+    return got, took
+
+
+def test_proxy_bounds_every_wait_as_nginx_does():
+    """An upstream that never accepts in time, one that never answers, one that goes quiet
+    mid-answer, and a client that never reads each held the proxy's connection (and, for the
+    client, the upstream, generating on) for good."""
+
+    async def silent(r, w):  # reads the request, says nothing until the proxy leaves
+        await r.read(65536)
+        await r.read(65536)
+        w.close()
+
+    async def quiet_midway(r, w):
+        await r.read(65536)
+        w.write(b"HTTP/1.1 200 OK\r\nX-Accel-Buffering: no\r\n\r\ndata: 1\n\n")
+        await r.read(65536)
+        w.close()
+
+    left = asyncio.Event()
+
+    async def endless(r, w):  # streams until its client (the proxy) leaves
+        await r.read(65536)
+        w.write(b"HTTP/1.1 200 OK\r\n\r\n")
+        try:
+            while True:
+                w.write(b"x" * 65536)
+                await w.drain()
+        except ConnectionError:
+            left.set()
+        w.close()
+
+    async def run():
+        # connect: a listening socket whose backlog is full accepts nothing
+        backlog = socket.socket()
+        backlog.bind(("127.0.0.1", 0))
+        backlog.listen(0)
+        fillers = []
+        for _ in range(8):
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(backlog.getsockname())
+            fillers.append(s)
+        args = proxy.parse_args(["--upstream-port", str(backlog.getsockname()[1]), "--connect-timeout", "0.5"])
+        px = await asyncio.start_server(lambda r, w: proxy.handle(r, w, args), "127.0.0.1", 0)
+        r, w = await asyncio.open_connection("127.0.0.1", px.sockets[0].getsockname()[1])
+        w.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        async with asyncio.timeout(10):
+            connect = await r.read()
+        w.close()
+        px.close()
+        for s in [backlog, *fillers]:
+            s.close()
+        silent_got, silent_took = await proxied(silent, ["--read-timeout", "0.5"])
+        quiet_got, quiet_took = await proxied(quiet_midway, ["--read-timeout", "0.5", "--honor"])
+        _, unread_took = await proxied(endless, ["--send-timeout", "0.5"], left=left)
+        return connect, (silent_got, silent_took), (quiet_got, quiet_took), unread_took
+
+    connect, unanswered, quiet, unread_took = asyncio.run(run())
+    assert connect.startswith(b"HTTP/1.1 504"), connect
+    assert unanswered[0].startswith(b"HTTP/1.1 504") and unanswered[1] is not None and unanswered[1] < 5, unanswered
+    assert quiet[0].endswith(b"data: 1\n\n") and quiet[1] is not None and quiet[1] < 5, quiet
+    assert unread_took is not None and unread_took < 5, unread_took
+    for flag in ("--connect-timeout", "--read-timeout", "--send-timeout"):
+        for bad in ("0", "nan"):
+            with pytest.raises(SystemExit):
+                proxy.parse_args([flag, bad])
 
 
 def test_experiments_all_end_to_end_with_the_tiny_model(tmp_path):
