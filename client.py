@@ -293,9 +293,10 @@ def prompts(k=None):
     return [p["prompt"] for p in json.loads(PROMPTS_FILE.read_text())[:k]]
 
 
-async def measure_rows(texts, n, host=None, port=None, progress=None, fmt="ours", url=None, api_key=None):
+async def measure_rows(texts, n, host=None, port=None, progress=None, fmt="ours", url=None, api_key=None, model=None):
     """Each prompt each way, one after another; {way: [Result per prompt]}. Our format: /complete,
-    /stream, /ws. OpenAI's or Anthropic's: the same request without and with streaming."""
+    /stream, /ws. OpenAI's or Anthropic's: the same request without and with streaming, naming
+    `model` (another server, vLLM's say, refuses a model it does not serve)."""
     if fmt == "ours":
         rows = {"/complete": [], "/stream": [], "/ws": []}
     else:
@@ -307,8 +308,8 @@ async def measure_rows(texts, n, host=None, port=None, progress=None, fmt="ours"
             rows["/ws"].append(await websocket(prompt, n, host=host, port=port))
         else:
             url = url or f"http://{host or HOST}:{port or PORT}"
-            rows[f"{fmt} whole"].append(await api_post(fmt, prompt, n, url, stream=False, api_key=api_key))
-            rows[f"{fmt} stream"].append(await api_post(fmt, prompt, n, url, stream=True, api_key=api_key))
+            for way, stream in ((f"{fmt} whole", False), (f"{fmt} stream", True)):
+                rows[way].append(await api_post(fmt, prompt, n, url, stream=stream, api_key=api_key, model=model))
         if progress:
             progress(f"  prompt {i + 1}/{len(texts)} done each way")
     return rows
@@ -435,6 +436,7 @@ def main(argv=None):
     p.add_argument(
         "--api-key", default=None, help="openai/anthropic: the key (else $OPENAI_API_KEY / $ANTHROPIC_API_KEY)"
     )
+    p.add_argument("--model", default=None, help="openai/anthropic: the model to name (default: 'default')")
     p.add_argument(
         "--save",
         default=None,
@@ -452,7 +454,7 @@ def main(argv=None):
     async def run():
         if args.url is None:
             await wait_ready(args.host, args.port)
-        info = await server_info(args.host, args.port) if args.url is None else {"url": args.url}
+        info = await server_info(args.host, args.port) if args.url is None else {"url": args.url, "model": args.model}
         rows = await measure_rows(
             prompts(args.prompts),
             args.max_tokens,
@@ -462,6 +464,7 @@ def main(argv=None):
             fmt=args.format,
             url=args.url,
             api_key=args.api_key,
+            model=args.model,
         )
         return info, rows
 

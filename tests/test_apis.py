@@ -392,8 +392,9 @@ def test_measure_in_each_format_through_any_url(servers, fmt, tmp_path):
     port = servers["plain"].port
     saved = tmp_path / "measure.json"
     measure = ["client.py", "measure", "--format", fmt, "--url", f"http://127.0.0.1:{port}", "--prompts", "1"]
-    out = run(*measure, "--save", str(saved))
-    assert json.loads(saved.read_text())[f"{fmt} stream"]["ratio"] > 2
+    out = run(*measure, "--model", "tiny", "--save", str(saved))
+    figures = json.loads(saved.read_text())
+    assert figures[f"{fmt} stream"]["ratio"] > 2 and figures["model"] == "tiny"
     out += run(*measure, "--max-tokens", "8", "--save", "")
     assert f"{fmt} stream first text after" in out and "the same text both ways: True" in out
     sdk_style = ["client.py", "measure", "--format", fmt, "--url", f"http://127.0.0.1:{port}/v1", "--prompts", "1"]
