@@ -112,26 +112,34 @@ class Nginx:
         while tls and self.tls_port in (None, self.port):
             self.tls_port = free_port()
         self.prefix = Path(tempfile.mkdtemp(prefix="streaming-nginx-"))
-        self.prefix.chmod(0o755)  # nginx's workers drop root to `nobody` and must reach tmp/
-        (self.prefix / "tmp").mkdir()
-        self.cert = certificate(self.prefix) if tls else None  # read by nginx's master, before it drops root
-        text = config(upstream_port, self.port, extra, self.tls_port, self.prefix)
-        (self.prefix / "nginx.conf").write_text(text)
         self.log = self.prefix / "error.log"
-        argv = [binary(), "-p", f"{self.prefix}/", "-c", "nginx.conf", "-e", str(self.log), "-g", "daemon off;"]
-        self.proc = Process("nginx", argv, port=self.port, quiet=True)  # free_port(): nginx can't report one
+        self.proc = None
         try:
-            self.proc.wait(START_TIMEOUT)  # nginx opens all its ports before it accepts on any
+            self.start(upstream_port, extra)
         except RuntimeError:
             errors = self.errors()
             self.stop()
             raise RuntimeError(f"nginx did not start:\n{errors}") from None
+        except BaseException:  # a bad configuration, no certificate: no folder left behind either
+            self.stop()
+            raise
+
+    def start(self, upstream_port, extra):
+        self.prefix.chmod(0o755)  # nginx's workers drop root to `nobody` and must reach tmp/
+        (self.prefix / "tmp").mkdir()
+        self.cert = certificate(self.prefix) if self.tls_port else None  # read by nginx's master, before it drops root
+        text = config(upstream_port, self.port, extra, self.tls_port, self.prefix)
+        (self.prefix / "nginx.conf").write_text(text)
+        argv = [binary(), "-p", f"{self.prefix}/", "-c", "nginx.conf", "-e", str(self.log), "-g", "daemon off;"]
+        self.proc = Process("nginx", argv, port=self.port, quiet=True)  # free_port(): nginx can't report one
+        self.proc.wait(START_TIMEOUT)  # nginx opens all its ports before it accepts on any
 
     def errors(self):
         return self.log.read_text() if self.log.exists() else ""
 
     def stop(self):
-        self.proc.stop(10)  # SIGTERM: nginx's fast shutdown
+        if self.proc is not None:
+            self.proc.stop(10)  # SIGTERM: nginx's fast shutdown
         shutil.rmtree(self.prefix, ignore_errors=True)
 
     def __enter__(self):

@@ -34,8 +34,12 @@ class Redis:
         self.dir = tempfile.mkdtemp(prefix="streaming-redis-")
         argv = [binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
         argv += ["--dir", self.dir, "--daemonize", "no", "--loglevel", "warning"]
-        self.proc = Process("redis-server", argv, port=self.port, quiet=True)
-        self.proc.wait(START_TIMEOUT)
+        try:
+            self.proc = Process("redis-server", argv, port=self.port, quiet=True)
+            self.proc.wait(START_TIMEOUT)  # stops it if it does not start
+        except BaseException:  # no working folder left behind by a start that failed
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
 
     @property
     def url(self):

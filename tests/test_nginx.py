@@ -93,3 +93,19 @@ def test_nginx_reuses_its_connections_to_the_server(servers):
             assert status == 200 and json.loads(body)["text"]
         after = accepted()
     assert after - before <= 2  # nginx's one upstream connection, and this count's own request
+
+
+def test_a_start_that_fails_leaves_no_folder_behind(tmp_path, monkeypatch):
+    """nginx refusing its configuration, or a configuration that cannot be built, used to leave its
+    temporary folder (and, for the second, a half-written one) behind."""
+    monkeypatch.setattr(nginxctl.tempfile, "tempdir", str(tmp_path))
+    with pytest.raises(RuntimeError, match="nginx did not start"):
+        nginxctl.Nginx(8765, extra=["no_such_directive on;"])
+
+    def unbuildable(*_):
+        raise ValueError("no upstream block")
+
+    monkeypatch.setattr(nginxctl, "config", unbuildable)
+    with pytest.raises(ValueError, match="no upstream block"):
+        nginxctl.Nginx(8765)
+    assert list(tmp_path.iterdir()) == []

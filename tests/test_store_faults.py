@@ -204,3 +204,14 @@ def test_two_resumes_racing_for_one_view_both_wait_for_its_events():
     first, second = asyncio.run(run())
     assert first is not None and second is not None
     assert first[0] is second[0] and first[1] == second[1] == 3 and len(first[0].events) == 1
+
+
+def test_a_redis_that_fails_to_start_leaves_no_folder_behind(tmp_path, monkeypatch):
+    """A port already taken (bound, not listening, so nothing answers on it): redis-server exits,
+    and its working folder went with it only on a stop(), which a failed start never reached."""
+    monkeypatch.setattr(redisctl.tempfile, "tempdir", str(tmp_path))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        with pytest.raises(RuntimeError, match="redis-server did not start"):
+            redisctl.Redis(port=taken.getsockname()[1])
+    assert list(tmp_path.iterdir()) == []
