@@ -674,3 +674,38 @@ def test_closing_a_connection_whose_client_reads_nothing_takes_a_bound():
             await server.wait_closed()
 
     assert asyncio.run(run()) < 3
+
+
+def test_closing_a_connection_its_client_has_reset_is_quiet():
+    """A client that gave up (a readiness probe's timeout while the model loads) closes; the answer
+    written after that draws the client's reset, which the server, no longer reading past the
+    end-of-file, does not see. The half-close then met ENOTCONN, an OSError that is not a
+    ConnectionError, and each such connection ended in asyncio's "Unhandled exception in
+    client_connected_cb" (seen in a benchmark's log, one for each probe)."""
+    import asyncio
+
+    from streaming.server.connection import Connection
+
+    async def run():
+        closed = asyncio.get_running_loop().create_future()
+
+        async def handle(reader, writer):
+            assert await reader.read(1024) == b""  # the client's end-of-file
+            writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n")
+            await asyncio.sleep(0.2)  # its reset comes back
+            try:
+                await Connection(reader, writer).close(1)
+                closed.set_result(None)
+            except Exception as e:  # noqa: BLE001 - the test reports it
+                closed.set_result(e)
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        sock = socket.create_connection(server.sockets[0].getsockname())
+        sock.close()
+        try:
+            return await asyncio.wait_for(closed, 10)
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    assert asyncio.run(run()) is None

@@ -209,8 +209,12 @@ class Connection:
         closed writer waits for what it holds, which a client that reads nothing never takes."""
         transport = self.writer.transport
         if not self.closing and transport.can_write_eof() and await self.settle(timeout, 0):
-            transport.write_eof()
-            await self.linger()
+            try:
+                transport.write_eof()
+            except OSError:  # reset by a client that had closed (ENOTCONN): nothing to linger for
+                pass
+            else:
+                await self.linger()
         self.writer.close()
         try:
             await asyncio.wait_for(self.writer.wait_closed(), timeout)
