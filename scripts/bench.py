@@ -39,7 +39,7 @@ from benchkit import PROMPTS, cpu_seconds, pct, pyplot, start_peer
 import client
 from streaming import qoe
 from streaming.launch import ROOT, Process, Server, free_port
-from streaming.model.bundled import bundled_folder
+from streaming.model.bundled import converted_folder
 
 NS = [1, 4, 16, 32, 48, 64]  # concurrent readers
 TOKENS = 100  # tokens per answer, as the article's experiments
@@ -293,7 +293,7 @@ def load(args):
     if args.peer and args.model in lm.NAMED[1:] and not args.peer_folder:
         print(f"\nthe peer is skipped: --model {args.model} lives only in this project's processes", flush=True)
     elif args.peer:
-        folder = args.peer_folder or (bundled_folder() if args.model == "bundled" else args.model)
+        folder = args.peer_folder or (converted_folder() if args.model == "bundled" else args.model)
         the_peer(args, folder, ns, prompt, out, saved)
     if args.extras:
         print("\nserver's own CPU time per event, a generator that costs nothing:", flush=True)

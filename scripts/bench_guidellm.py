@@ -32,7 +32,7 @@ import bench_qoe
 from benchkit import pct
 
 from streaming.launch import ROOT
-from streaming.model.bundled import bundled_folder
+from streaming.model.bundled import converted_folder
 
 VERSION = "0.8.1"
 VENV = ROOT / ".venv-guidellm"
@@ -176,7 +176,8 @@ def main(argv=None):
     args.dtype = args.dtype or str(lm.dtype()).removeprefix("torch.")
     if args.model in lm.NAMED[1:]:
         args.peer = False  # (the test models live only in this project's processes)
-    folder = bundled_folder() if args.model in lm.NAMED else Path(args.model)
+    # the bundled model's folder (its tokenizer too, for the test models), made before the peer reads it
+    folder = converted_folder() if args.model in lm.NAMED else Path(args.model)
     exe = guidellm()
     out_dir = Path(args.results) / "guidellm"
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -72,7 +72,7 @@ from benchkit import PROMPTS, pct, pyplot, start_peer
 import client
 from streaming import qoe
 from streaming.launch import Process, Server
-from streaming.model.bundled import bundled_folder
+from streaming.model.bundled import converted_folder
 
 LENGTHS = (50, 300)  # tokens an answer under Poisson arrivals: uniform
 BURST_TOKENS = 100  # tokens an answer in a burst
@@ -401,7 +401,7 @@ def start(args) -> dict:
         )
         servers[name] = {"process": p, "ours": True, "model": None}
     if args.peer:
-        folder = bundled_folder() if args.model == "bundled" else Path(args.model)
+        folder = converted_folder() if args.model == "bundled" else Path(args.model)
         try:
             peer = start_peer(folder, args.dtype, lm_device(args))
             servers[PEER] = {"process": peer, "ours": False, "model": str(folder)}

