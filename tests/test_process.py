@@ -16,12 +16,14 @@ import signal
 import threading
 import time
 
+import fake_engines
 import pytest
 from helpers import ServerProcess, http, job_text, metrics, server_log, wait_for_log
 from test_resume import drop_and_resume
 from test_server import read_events_then_leave
 
 import lm
+from streaming.generation import process
 from streaming.generation.batched import PREFILL_CHUNK
 from streaming.generation.job import JobOptions
 from streaming.generation.kv import KV_MEMORY
@@ -31,7 +33,7 @@ from streaming.generation.process import EngineProcess, ProcessJob
 from streaming.generation.process_child import EngineSettings
 from streaming.generation.waiting import MAX_WAITING
 from streaming.model.loading import Model
-from streaming.wire.errors import InvalidRequest
+from streaming.wire.errors import InvalidRequest, ProtocolError
 from streaming.wire.params import plain_request
 
 PROCESS = ("--engine", "process", "--token-delay", "0.02", "--ping", "0.2", "--max-batch", "2")
@@ -111,10 +113,7 @@ def test_an_id_past_the_vocabulary_is_the_engine_processs_invalid_request_not_a_
     500 "generation failed". The next request is served. An answer's tokens taken over from a
     store (`prior`) can hold such an id; the tokenizer makes none."""
     size = lm.handle().vocabulary()
-    model = Model(dataclasses.replace(lm.handle().choice))  # its own: the engine process tells it its context
-    settings = EngineSettings(
-        model.choice, JobOptions(), Fifo(), 2, PREFILL_CHUNK, MAX_WAITING, KV_MEMORY, RETAIN_MEMORY
-    )
+    model, settings = own_settings()
     body = {"prompt": "Hello", "max_tokens": 5, "ignore_eos": True}
     ids = lm.tok("Hello").input_ids
     prompt, prior, bad = (ids + [size], [], size) if where == "prompt" else (ids, [5, size + 7], size + 7)
@@ -169,3 +168,77 @@ def test_a_server_shut_down_leaves_no_engine_process(engine_process):
     while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not alive(pid)
+
+
+def own_settings():
+    model = Model(dataclasses.replace(lm.handle().choice))  # its own: the engine process tells it its context
+    return model, EngineSettings(
+        model.choice, JobOptions(), Fifo(), 2, PREFILL_CHUNK, MAX_WAITING, KV_MEMORY, RETAIN_MEMORY
+    )
+
+
+@pytest.mark.parametrize("fake", ["sends_bytes_that_are_no_message", "sends_a_message_out_of_the_protocol"])
+def test_an_engine_process_that_garbles_its_pipe_is_stopped_and_its_readers_told(monkeypatch, fake):
+    """Bytes that do not unpickle ended the server's receiving thread quietly: the process lived
+    on, nothing restarted it, and every reader waited for good. A message not of the protocol (a
+    piece cut short, in a step's batch) failed on the loop and dropped the rest of its batch, ends
+    included. Either way the process is now killed: its readers get the restart's error, and a
+    new one is started."""
+    monkeypatch.setattr(process, "engine_main", getattr(fake_engines, fake))
+    model, settings = own_settings()
+    body = {"prompt": "Hello", "max_tokens": 5, "ignore_eos": True}
+
+    async def run():
+        engine = EngineProcess(model, settings)
+        try:
+            assert await engine.start() == "a fake engine"
+            job = ProcessJob(engine, lm.tok("Hello").input_ids, plain_request(body).params).start()
+            with pytest.raises(ProtocolError) as told:
+                await asyncio.wait_for(job_text(job), 20)
+            while not engine.ready:  # the new one
+                await asyncio.sleep(0.05)
+            return told.value, engine
+        finally:
+            await asyncio.to_thread(engine.close)
+
+    told, engine = asyncio.run(run())
+    assert "the engine process exited" in told.message and told.status == 503
+    assert engine.restarts == 1 and engine.jobs == {}
+
+
+def test_a_stopped_engine_process_never_blocks_the_loop_and_is_replaced_past_the_stall(monkeypatch):
+    """SIGSTOP (a process stuck in a kernel looks the same): a send from the loop waited on the
+    full pipe for good, so the server stopped answering anyone, and nothing noticed the silence.
+    Now sends go through a thread of their own, and an engine process silent for STALL s with
+    requests is killed: its readers get the restart's error, and a new one serves."""
+    monkeypatch.setattr(process, "STALL", 2.0)
+    model, settings = own_settings()
+    body = {"prompt": "Hello", "max_tokens": 4000, "ignore_eos": True}
+    ids = lm.tok("Hello").input_ids
+
+    async def run():
+        engine = EngineProcess(model, settings)
+        try:
+            await engine.start()
+            params = plain_request(body).params
+            long = ProcessJob(engine, ids, params).start()
+            assert await long.get() is not None  # it runs
+            os.kill(engine.proc.pid, signal.SIGSTOP)
+            t0 = time.monotonic()
+            many = [ProcessJob(engine, ids * 1000, params).start() for _ in range(300)]  # past the pipe's buffer
+            for job in many:
+                job.stop.set()
+            queued = time.monotonic() - t0
+            with pytest.raises(ProtocolError) as told:
+                await asyncio.wait_for(job_text(long), 30)
+            while not engine.ready:
+                await asyncio.sleep(0.05)
+            short = {"prompt": "Hello", "max_tokens": 3, "ignore_eos": True}
+            text = await asyncio.wait_for(job_text(ProcessJob(engine, ids, plain_request(short).params).start()), 30)
+            return queued, told.value, text, engine
+        finally:
+            await asyncio.to_thread(engine.close)
+
+    queued, told, text, engine = asyncio.run(run())
+    assert queued < 2, queued  # (before: the loop blocked in the first send past the buffer, for good)
+    assert "the engine process exited" in told.message and text and engine.restarts == 1

@@ -15,8 +15,11 @@ is not restarted: the server exits, as in one process.
 /metrics.json's engine counts, the places in the queue and the refusal past --max-waiting come
 from the engine's last report (every METRICS_EVERY while it has work, and before every end).
 
-A message to the engine process is sent from the event loop; the engine process's receiving
-thread reads its pipe at once, so a send waits only while that process is stopped (SIGSTOP).
+A message to the engine process goes through a sending thread of its own, so the event loop never
+waits on the pipe, even while that process is stopped (SIGSTOP) or hung. An engine process that
+has said nothing for STALL seconds while it has requests is taken for dead: it is killed, which
+fails its requests and starts a new one, as any death does. So is one that sends what cannot be
+read (the pipe's stream is then lost): nobody waits on a pipe that will never say more.
 
 Leaves out: the thread engine's `--queue`, and more than one engine process.
 """
@@ -26,17 +29,24 @@ from __future__ import annotations
 import asyncio
 import itertools
 import multiprocessing
+import queue
 import threading
+import time
 from typing import Any
 
 from streaming.generation.job import Job, Piece, StopFlag
-from streaming.generation.process_child import EngineSettings, relay, send
+from streaming.generation.process_child import EngineSettings, relay
 from streaming.generation.process_child import main as engine_main
 from streaming.model.loading import Model
 from streaming.wire.errors import InvalidRequest, ProtocolError
 
 RESTART_RETRY = 5  # seconds a refused request is told to wait while the engine process restarts
 EXIT_WAIT = 10.0  # seconds the engine process has to exit when told to at shutdown: then it is killed
+# Seconds of silence from an engine process with requests before it is killed as stuck: it reports
+# every METRICS_EVERY (0.25 s) while it has work, from its own loop, even during a long step.
+STALL = 30.0
+WATCH_EVERY = 1.0  # seconds between looks for that silence
+JOIN_WAIT = 5.0  # seconds for a process whose pipe has ended to exit, before it is killed
 
 
 class EngineProcess:
@@ -50,8 +60,8 @@ class EngineProcess:
         self.facts: dict[str, Any] = {}  # the model's, as the engine process loaded it (/metrics.json)
         self.closing = False
         self.restarts = 0
-        self.send_lock = threading.Lock()
-        self.conn: Any = None
+        self.outbox: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self.heard = time.monotonic()  # the engine process's last message (or the first request after quiet)
         self.proc: Any = None
         self.live = False  # a process is up (loading or ready): a job sent now will be run
         self.given_up = False  # the first process never got ready: no other is started
@@ -61,6 +71,7 @@ class EngineProcess:
         self.loop = asyncio.get_running_loop()
         self.first: asyncio.Future[str] = self.loop.create_future()
         self.spawn()
+        self.loop.call_later(WATCH_EVERY, self.watch)
         return await self.first
 
     def spawn(self) -> None:
@@ -71,29 +82,60 @@ class EngineProcess:
         proc = ctx.Process(target=engine_main, args=(theirs, self.settings), name="engine", daemon=True)
         proc.start()
         theirs.close()  # ours alone: its end-of-file is the child's death
-        self.conn, self.proc, self.sent, self.live = ours, proc, 0, True
+        self.outbox.put(None)  # the last process's sending thread ends (what it still held is for nobody)
+        self.outbox = queue.SimpleQueue()
+        self.proc, self.sent, self.live = proc, 0, True
         self.snapshot.update(active=0, waiting=0, refusal=None, positions={}, submitted=0)
         threading.Thread(target=self.receive, args=(ours, proc), name="engine pipe", daemon=True).start()
+        threading.Thread(target=sending, args=(ours, self.outbox), name="engine sends", daemon=True).start()
 
     def receive(self, conn: Any, proc: Any) -> None:
-        """The receiving thread: every message to the loop; end-of-file is the process's death."""
-        relay(conn, self.loop, self.handle)
-        proc.join(5)
+        """The receiving thread: every message to the loop. The pipe's end (end-of-file, or what
+        cannot be read) is the process's death: killed if it has not exited by JOIN_WAIT."""
+        broken = relay(conn, self.loop, self.handle)
+        if broken is not None:
+            print(f"engine process sent what cannot be read ({broken!r}): stopping it", flush=True)
+            proc.kill()
+        proc.join(JOIN_WAIT)
+        if proc.exitcode is None:  # its pipe is gone, so it is of no use: a new one must not run beside it
+            proc.kill()
+            proc.join()
         try:
             self.loop.call_soon_threadsafe(self.died, proc, proc.exitcode)
         except RuntimeError:  # the loop has closed: the server is gone
             pass
 
     def send(self, msg: tuple[Any, ...]) -> None:
-        send(self.conn, self.send_lock, msg)  # (to a dead one: dropped; died() fails its jobs)
+        self.outbox.put(msg)  # (to a dead one: dropped; died() fails its jobs)
+
+    def watch(self) -> None:
+        """Every WATCH_EVERY s on the loop: kill an engine process silent for STALL s with requests."""
+        if self.closing:
+            return
+        silent = time.monotonic() - self.heard
+        if self.ready and self.jobs and silent > STALL and self.proc.is_alive():
+            print(
+                f"engine process said nothing for {silent:.0f} s with {len(self.jobs)} requests: stopping it",
+                flush=True,
+            )
+            self.proc.kill()  # its pipe ends: died() fails its requests and starts a new one
+        self.loop.call_later(WATCH_EVERY, self.watch)
 
     # --- on the loop ---------------------------------------------------------------------------
 
     def handle(self, msg: tuple[Any, ...]) -> None:
+        self.heard = time.monotonic()
+        try:
+            self.take(msg)
+        except Exception as e:  # noqa: BLE001 - a message not of the protocol: the process is not to be trusted
+            print(f"engine process sent a message that is not of the protocol ({e!r}): stopping it", flush=True)
+            self.proc.kill()  # its pipe ends: died() fails every request, the rest of this one's included
+
+    def take(self, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
         if kind == "batch":
             for each in msg[1]:
-                self.handle(each)
+                self.take(each)
         elif kind == "metrics":
             self.snapshot.update(msg[1])
         elif kind == "ready":
@@ -161,6 +203,8 @@ class EngineProcess:
         if not self.live:  # between a death and the next start (a stream taken over needs no /ready)
             self.refuse(job, "the engine process is restarting")
             return
+        if not self.jobs:  # its silence until now was an idle engine's
+            self.heard = time.monotonic()
         self.jobs[job.jid] = job
         self.sent += 1
         self.send(("submit", job.jid, job.ids, job.params, tuple(job.prior)))
@@ -170,12 +214,13 @@ class EngineProcess:
         self.closing = True
         if self.proc is None:
             return
+        proc = self.proc
         self.send(("exit",))
-        self.proc.join(EXIT_WAIT)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join()
-        self.conn.close()
+        proc.join(EXIT_WAIT)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+        self.outbox.put(None)  # the sending thread ends; the pipe closes with the threads that held it
 
     # --- what the server asks ------------------------------------------------------------------
 
@@ -202,6 +247,16 @@ class EngineProcess:
         m.update(engine="process", schedule=self.settings.policy.name, max_batch=self.settings.max_batch)
         m.update(engine_restarts=self.restarts, engine_pid=self.proc.pid if self.proc is not None else None)
         return m
+
+
+def sending(conn: Any, outbox: queue.SimpleQueue[tuple[Any, ...] | None]) -> None:
+    """A sending thread: `outbox`'s messages down the pipe, until None. A send waits while the
+    engine process is stopped (the watch kills it past STALL); to a dead one, it is dropped."""
+    while (msg := outbox.get()) is not None:
+        try:
+            conn.send(msg)
+        except (OSError, ValueError):
+            pass
 
 
 class RemoteStop(StopFlag):

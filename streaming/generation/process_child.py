@@ -49,6 +49,7 @@ from streaming.model.loading import Model, load_and_say
 from streaming.wire.errors import InvalidRequest
 
 METRICS_EVERY = 0.25  # seconds between the engine's counts sent while it has work (/metrics.json's age)
+ENGINE_THREAD_ENDED = 70  # the exit code when the engine's thread has died (EX_SOFTWARE)
 
 
 @dataclass(frozen=True)
@@ -65,14 +66,21 @@ class EngineSettings:
     retain_memory: int  # bytes of ended rows' keys and values kept (prefixes.py)
 
 
-def relay(conn: Connection, loop: asyncio.AbstractEventLoop, handle: Callable[[Any], None]) -> None:
+def relay(conn: Connection, loop: asyncio.AbstractEventLoop, handle: Callable[[Any], None]) -> Exception | None:
     """A receiving thread's loop, on both sides of the pipe: every message to `handle` on `loop`,
-    in order, until end-of-file (or until the loop has closed)."""
-    try:
-        while True:
-            loop.call_soon_threadsafe(handle, conn.recv())
-    except (EOFError, OSError, RuntimeError):
-        return
+    in order, until end-of-file or the loop's close (None), or what cannot be read: a message that
+    does not unpickle, a length past memory (the error; the pipe's stream is lost with it)."""
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return None
+        except Exception as e:  # noqa: BLE001 - returned: the receiving side ends the pipe
+            return e
+        try:
+            loop.call_soon_threadsafe(handle, msg)
+        except RuntimeError:  # the loop has closed
+            return None
 
 
 def send(conn: Connection, lock: threading.Lock, msg: tuple[Any, ...]) -> None:
@@ -133,6 +141,10 @@ class Child:
             return
         self.send(("ready", said, self.model.context(), self.model.facts()))
         while not self.closed.is_set():
+            if self.engine.thread is not None and not self.engine.thread.is_alive():
+                # (its traceback is printed): the server takes the exit for a death and starts anew
+                print("engine process: its engine thread ended; exiting", flush=True)
+                os._exit(ENGINE_THREAD_ENDED)
             self.flush()
             if self.jobs:
                 self.send(("metrics", self.metrics()))
@@ -150,8 +162,10 @@ class Child:
     # --- the pipe ------------------------------------------------------------------------------
 
     def receive(self) -> None:
-        """The receiving thread: every message to the loop; end-of-file (the server is gone) ends us."""
-        relay(self.conn, self.loop, self.handle)
+        """The receiving thread: every message to the loop; the pipe's end (the server is gone, or
+        sent what cannot be read) ends us."""
+        if (broken := relay(self.conn, self.loop, self.handle)) is not None:
+            print(f"engine process: the server sent what cannot be read ({broken!r}): exiting", flush=True)
         try:
             self.loop.call_soon_threadsafe(self.closed.set)
         except RuntimeError:  # the loop has closed already
