@@ -9,13 +9,14 @@ every case ends with a normal request that must succeed and the server's memory 
 """
 
 import asyncio
+import base64
 import json
 import socket
 import threading
 import time
 
 import pytest
-from helpers import ServerProcess, events, http
+from helpers import ServerProcess, events, http, metrics
 
 FIRST_TEXT = SILENCE = 2.0  # the server's --upstream-first-text and --upstream-silence here
 RSS_BOUND = 150 * 1024 * 1024  # bytes the server may grow by in one hostile case (it held 507 MB-6 GB before)
@@ -34,8 +35,10 @@ def chunk(text=None, finish=None, usage=None):
 class Hostile:
     """An upstream that misbehaves as its request's last message says (see the module's docstring)."""
 
-    def __init__(self, trickle_models=False):
+    def __init__(self, trickle_models=False, refuse=None):
         self.trickle_models = trickle_models  # GET /models: a head, then a byte every 2 s
+        self.refuse = refuse  # bytes: the whole answer to every request (a redirect, a 401, a 404)
+        self.heads = []  # every request's head, as it came
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
@@ -72,6 +75,11 @@ class Hostile:
                 0,
             )
             body = json.loads(await reader.readexactly(length)) if length else {}
+            self.heads.append(head)
+            if self.refuse:
+                writer.write(self.refuse)
+                await writer.drain()
+                return
             if head.startswith(b"GET") and self.trickle_models:
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\nConnection: close\r\n\r\n")
                 for _ in range(1000):
@@ -142,6 +150,19 @@ class Hostile:
 
     async def hugeusage(self, writer):  # counts of 400 digits (a float sum's overflow)
         await self.usage_of(writer, {"prompt_tokens": 10**400, "completion_tokens": 10**400, "total_tokens": 1})
+
+    async def liarusage(self, writer):  # a count no answer of max_tokens 20 could have
+        await self.usage_of(writer, {"prompt_tokens": 7, "completion_tokens": 2**31 - 1, "total_tokens": 2**31 + 6})
+
+    async def nested(self, writer):  # an event nested past Python's recursion limit
+        await self.stream_head(writer)
+        writer.write(chunk("Hello") + b"data: " + b"[" * 5000 + b"\n\n")
+        await writer.drain()
+
+    async def dicterror(self, writer):  # an error event whose message is an object
+        await self.stream_head(writer)
+        writer.write(chunk("Hello") + b'data: {"error": {"message": {"detail": "the GPU fell over"}}}\n\n')
+        await writer.drain()
 
     async def usage_of(self, writer, usage):
         await self.stream_head(writer)
@@ -371,3 +392,82 @@ def test_a_relay_held_back_by_its_reader_ends_at_once_when_stopped(hostile):
 
     queued, produced, reason = asyncio.run(run())
     assert AHEAD <= queued <= AHEAD + 65536 // 100 and produced == queued and reason == "stopped"
+
+
+def test_a_count_past_max_tokens_is_not_the_answers_and_is_ignored(front):
+    """A completion_tokens under 2**31 was taken for the answer's, whatever max_tokens said."""
+    body = {"model": "x", "messages": [{"role": "user", "content": "liarusage"}], "max_tokens": 20}
+    status, _, raw = http(front.port, "POST", "/v1/chat/completions", body)
+    answer = json.loads(raw)
+    assert status == 200 and answer["usage"]["completion_tokens"] == 2, answer
+    assert when_line(front, "past max_tokens: ignored")
+
+
+@pytest.mark.parametrize(
+    "mode,told",
+    [("nested", "an event that is not JSON"), ("dicterror", 'failed mid-answer: {"detail": "the GPU fell over"}')],
+)
+def test_an_event_nested_too_deep_or_an_error_not_in_words_is_told_plainly(front, mode, told):
+    """An event nested past the recursion limit escaped the parser as a RecursionError (a generic
+    "relaying failed", and the upstream never taken out); an error's message that is an object
+    reached the reader in Python's repr ({'detail': ...})."""
+    before = rss(front.proc.pid)
+    status, raw, _ = chat(front, mode)
+    texts, error = texts_of(raw)
+    assert status == 200 and texts == ["Hello"] and error is not None and told in error["message"], raw[-300:]
+    still_serves(front, before)
+
+
+def when_line(server, text, timeout=10):
+    deadline = time.monotonic() + timeout
+    while not any(text in line for line in server.lines):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+REFUSALS = {
+    "redirect": b"HTTP/1.1 302 Found\r\nLocation: /elsewhere\r\nContent-Length: 0\r\n\r\n",
+    "wrong key": b"HTTP/1.1 401 Unauthorized\r\nContent-Length: 2\r\n\r\n{}",
+    "no such model": b'HTTP/1.1 404 Not Found\r\nContent-Length: 44\r\n\r\n{"error": {"message": "no model m, sorry!"}}',
+}
+
+
+@pytest.mark.parametrize("refusal", list(REFUSALS))
+def test_an_upstream_that_refuses_every_request_is_taken_out_and_the_next_one_asked(hostile, refusal):
+    """Only a refusal of the request itself (400, 413, 422) is the reader's. A redirect, a 401 or a
+    404 for the model were taken as the reader's too: never retried, never taken out, and the
+    upstream that answers at once (fewest in flight) was asked first every time."""
+    refusing = Hostile(refuse=REFUSALS[refusal])
+    try:
+        urls = [
+            "--upstream",
+            f"http://127.0.0.1:{refusing.port}/v1",
+            "--upstream",
+            f"http://127.0.0.1:{hostile.port}/v1",
+        ]
+        with ServerProcess("--engine", "upstream", *urls, "--upstream-model", "m") as s:
+            s.wait()
+            for _ in range(3):
+                status, raw, _ = chat(s, "normal", stream=False)
+                assert status == 200 and json.loads(raw)["choices"][0]["message"]["content"] == "Hello there"
+            ups = metrics(s.port)["upstreams"]
+            assert ups[0]["failures"] == 1 and ups[0]["out_s"] > 0 and ups[1]["served"] == 3, ups
+    finally:
+        refusing.close()
+
+
+def test_an_upstreams_user_and_password_are_sent_as_basic_and_never_shown(hostile):
+    """They were never sent (only the host was), and /metrics.json, open to anyone without
+    --api-key, showed them."""
+    url = f"http://user:p%40ss@127.0.0.1:{hostile.port}/v1"
+    with ServerProcess("--engine", "upstream", "--upstream", url, "--upstream-model", "m") as s:
+        s.wait()
+        status, _, _ = chat(s, "normal")
+        assert status == 200
+        sent = base64.b64encode(b"user:p@ss")
+        assert b"\r\nauthorization: basic " + sent.lower() in hostile.heads[-1].lower()
+        shown = json.dumps(metrics(s.port)["upstreams"])
+        assert f'"http://127.0.0.1:{hostile.port}/v1"' in shown and "p%40ss" not in shown and "user" not in shown
+        assert not any("p%40ss" in line for line in s.lines)

@@ -351,6 +351,7 @@ class ResponseReader:
         self.remaining: int | None = None  # Content-Length bytes still to come; None: until close
         self.eof = self.ended = False
         self.trailing = b""
+        self.scanned = 0  # where the search for the head's end resumes (RequestParser's reason)
 
     def feed(self, data: bytes) -> None:
         if self.ended:
@@ -392,13 +393,15 @@ class ResponseReader:
         return self._end(b"") if self.eof else None
 
     def _head(self) -> Response | _End | None:
-        end = HEAD_END.search(self.buffer)
+        end = HEAD_END.search(self.buffer, self.scanned, MAX_RESPONSE_HEAD + 4)
         if end is None:
             if len(self.buffer) > MAX_RESPONSE_HEAD:
                 raise ProtocolError(f"response head over {MAX_RESPONSE_HEAD} bytes")
             if self.eof:
                 raise ProtocolError("the connection closed before a response")
+            self.scanned = max(0, len(self.buffer) - 3)  # (a blank line may straddle this read and the next)
             return None
+        self.scanned = 0
         lines = bytes(self.buffer[: end.start()]).decode("latin-1").replace("\r\n", "\n").split("\n")
         del self.buffer[: end.end()]
         parts = lines[0].split(" ", 2)

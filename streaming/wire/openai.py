@@ -25,6 +25,7 @@ from streaming.wire.tools import call_arguments, call_name, openai_tools
 
 OBFUSCATION_ALPHABET = string.ascii_letters + string.digits
 ROLES = ("system", "developer", "user", "assistant", "tool")
+ERROR_CHARS = 200  # of an upstream's error message, passed on to its readers (read_chunk)
 
 
 def content_of(content: Any, where: str) -> str:
@@ -272,13 +273,14 @@ def read_chunk(data: str) -> Chunk:
     (`[DONE]` is the caller's: it ends the stream)."""
     try:
         value = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # (nested past Python's recursion limit)
         raise ProtocolError(f"an event that is not JSON: {data[:80]!r}", 502) from None
     if not isinstance(value, dict):
         raise ProtocolError("an event that is not a JSON object", 502)
     if "error" in value:
         err = value["error"]
-        return Chunk("", error=str(err.get("message", err) if isinstance(err, dict) else err))
+        message = err.get("message", err) if isinstance(err, dict) else err
+        return Chunk("", error=(message if isinstance(message, str) else json.dumps(message))[:ERROR_CHARS])
     texts, finish, alive, calls = [], None, False, []
     for choice in value.get("choices") or []:
         if not isinstance(choice, dict):

@@ -4,8 +4,12 @@
   TAKE_OUT seconds (doubling while it keeps failing, to MAX_OUT) and a probe (GET /models) brings
   it back early once it answers.
 - Failing: `UpstreamError` carries the status our endpoint answers (502 unreachable, a 5xx or a
-  broken answer; 503 overloaded: 429/503; 504 no answer in time; an upstream's 4xx about the
-  request keeps its status) and whether another upstream may do better.
+  broken answer; 503 overloaded: 429/503; 504 no answer in time; an upstream's 400, 413 or 422,
+  about the request, keeps its status) and whether another upstream may do better (any other
+  refusal is the upstream's: a redirect, a 401 for a wrong key, a 404 for a model it lacks, so
+  it is taken out and the next one asked).
+- Naming: an upstream is shown (log, /metrics.json) without the user and password of its URL,
+  which are sent as Basic credentials where no --upstream-key is given.
 
 Leaves out: weights, sticky sessions, and health beyond "it answers GET /models".
 """
@@ -13,13 +17,16 @@ Leaves out: weights, sticky sessions, and health beyond "it answers GET /models"
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
+import socket
+import ssl
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import SplitResult, urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 
 from streaming import http_client
 from streaming.wire.errors import ProtocolError
@@ -42,8 +49,9 @@ TAKE_OUT = 2.0  # seconds a failed upstream is left out at first, doubling while
 MAX_OUT = 60.0
 PROBE_EVERY = 1.0  # seconds between probes of the upstreams left out
 ERROR_BODY = 64 * 1024  # bytes of an upstream's error answer (or a probe's) read for its message
-RETRYABLE = {429, 500, 502, 503, 504}
 OVERLOADED = {429, 503}
+THE_READERS = {400, 413, 422}  # refusals of the request itself: no other upstream would take it
+MESSAGE_CHARS = 200  # of an upstream's error message, told to the reader
 
 
 class UpstreamError(Exception):
@@ -65,22 +73,34 @@ class UpstreamError(Exception):
 
 def failure(e: OSError) -> str:
     """What went wrong with a connection, in the system's words for its errno ("Connection
-    refused"): asyncio's own message names the address ("Connect call failed ('10.0.0.5', 8000)")."""
+    refused"): asyncio's own message names the address ("Connect call failed ('10.0.0.5', 8000)").
+    A name that does not resolve and a TLS failure have errnos of their own kind, which strerror
+    does not know ("Unknown error -2", "Operation not permitted")."""
+    if isinstance(e, socket.gaierror):
+        return f"its name does not resolve ({e.strerror})"
+    if isinstance(e, ssl.SSLError):
+        return f"TLS failed ({e.reason or type(e).__name__})"
     return os.strerror(e.errno) if e.errno else type(e).__name__
 
 
 @dataclass
 class Upstream:
-    url: str
+    url: str  # as shown: its user and password left out (they go in `basic`)
     in_flight: int = 0
     out_until: float = 0.0  # time.monotonic() before which it is left out
     out_for: float = 0.0  # its present take-out period
     served: int = 0
     failures: int = 0
     parts: SplitResult = field(init=False)
+    basic: str | None = field(init=False)  # the URL's user:password, as an Authorization value
 
     def __post_init__(self) -> None:
         self.parts = urlsplit(self.url.rstrip("/"))
+        self.basic = None
+        if self.parts.username is not None or self.parts.password is not None:
+            pair = f"{unquote(self.parts.username or '')}:{unquote(self.parts.password or '')}"
+            self.basic = "Basic " + base64.b64encode(pair.encode()).decode()
+        self.url = self.parts._replace(netloc=self.host).geturl()
         if self.parts.scheme not in ("http", "https") or not self.parts.hostname:
             raise ValueError(f"{self.url!r}: an upstream is an http:// or https:// URL, e.g. http://host:8000/v1")
 
@@ -112,6 +132,8 @@ def request_bytes(u: Upstream, method: str, path: str, body: bytes | None, key: 
     fields = [("Accept", "text/event-stream")]
     if key:
         fields.append(("Authorization", f"Bearer {key}"))
+    elif u.basic:
+        fields.append(("Authorization", u.basic))
     if body is not None:
         fields.append(("Content-Type", "application/json"))
     return http_client.request_bytes(method, f"{u.parts.path}{path}", u.host, fields, body)
@@ -134,21 +156,32 @@ async def get_within(u: Upstream, path: str, key: str | None) -> tuple[Response,
         head = await asyncio.wait_for(reply.read_head(), CONNECT_TIMEOUT)
         return head, await reply.body(ERROR_BODY)
     finally:
-        writer.close()
+        writer.transport.abort()  # close() would wait for bytes an upstream that reads nothing never takes
+
+
+def error_message(body: bytes) -> str:
+    """An upstream's error answer in a line: its JSON's message (OpenAI's error.message, FastAPI's
+    detail) as JSON writes it where it is not a string, else its text; MESSAGE_CHARS at most."""
+    try:
+        err = json.loads(body)
+        inner = err.get("error", err) if isinstance(err, dict) else err
+        found = (inner.get("message") if isinstance(inner, dict) else None) or (
+            err.get("detail") if isinstance(err, dict) else None
+        )
+        message = found if isinstance(found, str) else json.dumps(found if found is not None else err)
+    except (ValueError, RecursionError):  # not JSON, or nested past Python's recursion limit
+        message = body.decode("utf-8", "replace")
+    return message[:MESSAGE_CHARS]
 
 
 def refusal(u: Upstream, status: int, body: bytes) -> UpstreamError:
-    """An upstream's non-200 answer as our error: its message, our status."""
-    try:
-        err = json.loads(body)
-        message = err.get("error", err).get("message") or err.get("detail") or str(err)
-    except (ValueError, AttributeError):
-        message = body.decode("utf-8", "replace")[:200]
-    if status in RETRYABLE:
-        return UpstreamError(f"answered {status}: {message}", 503 if status in OVERLOADED else 502, url=u.url)
-    if status in (400, 404, 413, 422):  # about the request: the reader's to fix
+    """An upstream's non-200 answer as our error: its message, our status. Only a refusal of the
+    request itself is the reader's; any other (a redirect, 401, 403, 404, 405, 501, a 5xx) says
+    the upstream cannot serve: another may (taken out, the next one asked)."""
+    message = error_message(body)
+    if status in THE_READERS:
         return UpstreamError(f"the upstream refused the request: {message}", status, retry=False)
-    return UpstreamError(f"answered {status}: {message}", 502, retry=False, url=u.url)
+    return UpstreamError(f"answered {status}: {message}", 503 if status in OVERLOADED else 502, url=u.url)
 
 
 # What a probe or a /models request may fail with: the connection, the parser, silence.
@@ -215,7 +248,7 @@ class Pool:
                     if head.status == 200:
                         self.model = json.loads(body)["data"][0]["id"]
                         break
-                except (*PROBE_FAILURES, ValueError, LookupError, TypeError):
+                except (*PROBE_FAILURES, ValueError, LookupError, TypeError, RecursionError):
                     continue
         return self.model or "default"
 

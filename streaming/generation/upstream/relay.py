@@ -167,6 +167,7 @@ class UpstreamJob(Job):
         """One try on one upstream: its answer's pieces into the job, then its end."""
         reader, writer = await connect(u)
         self.deadline = time.monotonic() + self.pool.first_text
+        self.usage_tokens = None  # this try's count only (a failed one's is not this answer's)
         try:
             path = "/completions" if self.raw else "/chat/completions"
             body = asking.body(model, self.params, self.prompt, self.messages, self.so_far, self.produced)
@@ -179,7 +180,7 @@ class UpstreamJob(Job):
                 self.opened.set_result(None)
             await self.relay(u, reply)
         finally:
-            writer.close()
+            writer.transport.abort()  # close() would wait for bytes an upstream that reads nothing never takes
 
     async def read(self, u: Upstream, step: Awaitable[T]) -> T:
         """Await one step of reading the upstream by the text deadline; its failures as
@@ -269,7 +270,10 @@ class UpstreamJob(Job):
             return
         self.reason = "stopped" if self.stop.is_set() else reason
         if self.usage_tokens is not None and not self.so_far:  # the upstream's count, where it gives one
-            self.produced = self.usage_tokens
+            if self.usage_tokens <= self.params.max_tokens:
+                self.produced = self.usage_tokens
+            else:  # more than it was asked for: not this answer's count
+                print(f"upstream sent usage completion_tokens={self.usage_tokens} past max_tokens: ignored", flush=True)
         self.out.put_nowait(None)
         self.ended.set()
         self.finish(self.produced)
