@@ -173,9 +173,24 @@ OPENAI_BAD = [
     ({"model": "x", "messages": MESSAGES, "max_completion_tokens": "9"}, "max_tokens"),
     ({"model": "x", "messages": MESSAGES, "temperature": 3}, "temperature"),
     ({"model": "x", "messages": MESSAGES, "stop": [""]}, "stop"),
-    ({"model": "x", "messages": MESSAGES, "stop": ["x" * 1001]}, "stop"),  # (matched in time quadratic in its length)
+    ({"model": "x", "messages": MESSAGES, "stop": ["x" * 1001]}, "stop"),  # (held back whole: apis.MAX_STOP_CHARS)
     ({"model": "x", "messages": MESSAGES, "cache_salt": ""}, "cache_salt"),
+    # asked, and not done: refused, where they were ignored (one free-text choice, 200)
+    ({"model": "x", "messages": MESSAGES, "n": 3}, "n"),
+    ({"model": "x", "messages": MESSAGES, "logprobs": True}, "logprobs"),
+    ({"model": "x", "messages": MESSAGES, "top_logprobs": 2}, "top_logprobs"),
+    ({"model": "x", "messages": MESSAGES, "logit_bias": {"15": 100}}, "logit_bias"),
+    ({"model": "x", "messages": MESSAGES, "response_format": {"type": "json_object"}}, "response_format"),
 ]
+
+
+def test_openai_defaults_of_what_it_cannot_do_pass_and_a_null_max_completion_tokens_is_absent(servers):
+    """Clients send these parameters' defaults; and a null max_completion_tokens beside max_tokens
+    shadowed it (256 tokens, not 3)."""
+    body = {"model": "x", "messages": MESSAGES, "n": 1, "logprobs": False, "top_logprobs": None, "logit_bias": {}}
+    body.update(response_format={"type": "text"}, max_completion_tokens=None, max_tokens=3, ignore_eos=True)
+    r = httpx.post(f"http://127.0.0.1:{servers['plain'].port}/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3, r.text
 
 
 @pytest.mark.parametrize("body,param", OPENAI_BAD)
@@ -230,6 +245,27 @@ def test_anthropic_takes_ignore_eos_as_chat_completions_does(servers):
     c = oa(servers["plain"].port).chat.completions.create(model="x", extra_body={"ignore_eos": True}, **body)
     assert r.usage.output_tokens == c.usage.completion_tokens == 40 and r.stop_reason == "max_tokens"
     assert r.content[0].text == c.choices[0].message.content and "<|" not in r.content[0].text
+
+
+def test_anthropic_continues_a_last_assistant_message_as_chat_completions_does(servers):
+    """Anthropic's prefill: a last assistant message is the answer's beginning. It was closed and
+    a new turn begun after it, so the answer ignored it; now it is continued, as vLLM's
+    continue_final_message does on /v1/chat/completions (the exact model: greedy text repeats)."""
+    port = servers["exact"].port
+    body = {
+        "max_tokens": 12,
+        "temperature": 0,
+        "messages": MESSAGES + [{"role": "assistant", "content": "Lighthouses"}],
+    }
+    r = an(port).messages.create(model="x", **body)
+    c = oa(port).chat.completions.create(model="x", extra_body={"continue_final_message": True}, **body)
+    assert r.usage.input_tokens == c.usage.prompt_tokens and r.content[0].text == c.choices[0].message.content
+    closed = oa(port).chat.completions.create(model="x", **body)  # a new turn after it: its close and opening
+    assert closed.usage.prompt_tokens > c.usage.prompt_tokens
+    for last in (" ", "Lighthouses ", [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]):
+        bad = dict(body, messages=MESSAGES + [{"role": "assistant", "content": last}])
+        reply = httpx.post(f"http://127.0.0.1:{port}/v1/messages", json=bad, timeout=30)
+        assert reply.status_code == 400 and reply.json()["error"]["type"] == "invalid_request_error", reply.text
 
 
 def test_anthropic_stop_sequences(servers):

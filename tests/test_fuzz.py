@@ -14,6 +14,7 @@ from streaming.wire.http11 import END, ChunkedDecoder, RequestParser, ResponseRe
 from streaming.wire.openai import read_chunk
 from streaming.wire.session import Closed, Session
 from streaming.wire.sse import EventParser
+from streaming.wire.stops import StopMatcher
 
 FUZZ = settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -273,3 +274,41 @@ def test_a_huge_line_is_scanned_once(n):
         for _ in range(2 * 1024 * 1024 // (64 * 1024) * n):
             p.feed(b"x" * (64 * 1024 // n))
     assert p.pending_size <= 1024 * 1024
+
+
+# --- stop strings -------------------------------------------------------------------------------
+
+
+def reference_stops(stops, pieces):
+    """What StopMatcher must send, found the plain way: each stop string's every length tried at
+    every piece (the matcher's code before its automaton)."""
+    held, out = "", []
+    for piece in pieces:
+        text = held + piece
+        hits = [(text.find(s), s) for s in stops if s in text]
+        if hits:
+            at, matched = min(hits)
+            return out + [text[:at]], matched
+        keep = 0
+        for s in stops:
+            for k in range(min(len(s) - 1, len(text)), 0, -1):
+                if text.endswith(s[:k]):
+                    keep = max(keep, k)
+                    break
+        held = text[len(text) - keep :] if keep else ""
+        out.append(text[: len(text) - keep])
+    return out + [held], None
+
+
+ALPHABET = st.text(alphabet="abc", min_size=1, max_size=6)  # few letters: stop strings overlap and repeat
+
+
+@FUZZ
+@given(st.lists(ALPHABET, min_size=1, max_size=4), st.lists(st.text(alphabet="abcd", max_size=5), max_size=12))
+def test_stop_strings_are_held_and_matched_as_the_plain_way_does(stops, pieces):
+    m = StopMatcher(stops)
+    got = [m.push(p) for p in pieces]
+    got.append(m.flush())
+    want, matched = reference_stops(stops, pieces)
+    assert m.matched == matched
+    assert "".join(got) == "".join(want) and got[: len(want) - 1] == want[:-1]

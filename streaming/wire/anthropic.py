@@ -106,7 +106,19 @@ class Anthropic:
             cache_salt=cache_salt(body),  # vLLM's extension: prefixes.py
         )
         stop = stops(body.get("stop_sequences"), "stop_sequences")
-        return ApiRequest(chat, params, body.get("stream") is True, stop, tools=anthropic_tools(body))
+        tools = anthropic_tools(body)
+        # A last assistant message is the answer's beginning, which the answer continues (Anthropic's
+        # "prefill"); it was closed and a new turn begun, so the answer ignored it.
+        prefill = chat[-1]["role"] == "assistant"
+        if prefill and (chat[-1].get("tool_calls") or not chat[-1]["content"].strip()):
+            at = f"messages.{len(messages) - 1}.content"
+            raise InvalidRequest(f"{at}: a last assistant message (a prefill) must be text", at)
+        if prefill and chat[-1]["content"] != chat[-1]["content"].rstrip():  # as Anthropic's API says
+            at = f"messages.{len(messages) - 1}.content"
+            raise InvalidRequest(f"{at}: final assistant content cannot end with trailing whitespace", at)
+        if prefill and tools.choice == "required":
+            raise InvalidRequest("tool_choice: a prefill cannot go with a tool_choice of any or tool", "tool_choice")
+        return ApiRequest(chat, params, body.get("stream") is True, stop, tools=tools, continue_final=prefill)
 
     def models(self, model_id: str) -> dict[str, Any]:
         return {"id": model_id, "type": "model", "display_name": model_id}

@@ -20,8 +20,8 @@ from streaming.wire.params import GenerationParams
 from streaming.wire.tools import Tools
 
 MAX_STOPS = 4  # stop strings per request, as OpenAI allows
-# A stop string's length: the matcher holds back any end of the text that begins one, and checks
-# every length of it against each event (stops.py: quadratic in it); a few sentences are plenty.
+# A stop string's length: the matcher holds back any end of the text that begins one (stops.py),
+# and looks for each in what it holds with every piece; a few sentences are plenty.
 MAX_STOP_CHARS = 1000
 
 

@@ -104,7 +104,9 @@ class OpenAI:
     def parse(self, body: dict[str, Any]) -> ApiRequest:
         """A chat.completions request body, checked; raises InvalidRequest naming the param."""
         chat = chat_of(body.get("messages"))
-        n = body.get("max_completion_tokens", body.get("max_tokens"))
+        refuse_unsupported(body)
+        n = body.get("max_completion_tokens")
+        n = body.get("max_tokens") if n is None else n  # (a null max_completion_tokens beside max_tokens)
         params = GenerationParams(
             max_tokens=number({"max_tokens": n}, "max_tokens", 256, 1, MAX_TOKENS, True, none_is_default=True),
             seed=number(body, "seed", 0, 0, MAX_SEED, True, none_is_default=True),
@@ -260,6 +262,18 @@ class Chunk(NamedTuple):
     error: str | None = None  # an error event's message: the answer failed mid-stream
     alive: bool = False  # a choice's delta carries something (text, reasoning, a tool call): not a ping
     calls: tuple[CallDelta, ...] = ()  # its tool_calls deltas
+
+
+def refuse_unsupported(body: dict[str, Any]) -> None:
+    """What a Chat Completions request asks that this server cannot do is a 400 naming it, never
+    ignored (an answer in free text where a JSON schema was asked looks like the model's failure):
+    several choices, log probabilities, a response format, token biases. Their defaults pass."""
+    number(body, "n", 1, 1, 1, True, none_is_default=True)  # n must be 1 (or absent)
+    for name, defaults in (("logprobs", (None, False)), ("top_logprobs", (None, 0)), ("logit_bias", (None, {}))):
+        if body.get(name) not in defaults:
+            raise InvalidRequest(f"{name} is not supported", name)
+    if body.get("response_format") not in (None, {"type": "text"}):
+        raise InvalidRequest('response_format: only {"type": "text"} is supported', "response_format")
 
 
 class CallDelta(NamedTuple):
