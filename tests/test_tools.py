@@ -268,6 +268,21 @@ def test_tool_choice_required_through_the_server(servers):
     assert r.usage.completion_tokens < len(call("Oslo"))  # (the prefill's tokens are the prompt's)
 
 
+def test_an_anthropic_answer_that_begins_with_a_call_has_no_empty_text_block(servers):
+    """A forced call (tool_choice any) begins the answer: its stream opened an empty text block 0
+    first, which the whole answer did not have and the real API refuses when sent back."""
+    client = an(servers["echo"].port)
+    body = {"model": "m", "max_tokens": 80, "messages": [{"role": "user", "content": call("Oslo")}]}
+    body.update(tools=ANTHROPIC_TOOLS, tool_choice={"type": "any"})
+    with client.messages.stream(**body) as s:
+        evs = list(s)
+        final = s.get_final_message()
+    whole = client.messages.create(**body)
+    assert [b.type for b in final.content] == [b.type for b in whole.content] == ["tool_use"], final.content
+    assert final.content[0].input == whole.content[0].input == {"city": "Oslo"}
+    assert [e.index for e in evs if e.type == "content_block_start"] == [0]
+
+
 def test_an_upstreams_call_deltas_become_the_text_the_reader_reads_back():
     """CallsAsText (the relay's): OpenAI tool_calls deltas in any split, as Qwen's syntax, read
     back by the answer reader as the same calls; text between calls stays text."""

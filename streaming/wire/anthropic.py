@@ -166,13 +166,16 @@ def tool_input(call: Call) -> Any:
 
 class AnthropicStream:
     """The named events of one streamed message, as bytes. Its content blocks are numbered in
-    order: text in block 0, then each tool call a tool_use block, text after one a new block."""
+    order, each begun by what it holds: a text block at the first text, a tool_use block at each
+    call, text after one a new block. (Block 0 was a text block begun at once, and an answer that
+    began with a call, as every forced call does, streamed it empty: the real API never sends one,
+    refuses one sent back, and our whole answer has none.)"""
 
     def __init__(self, model: str, prompt_tokens: int) -> None:
         self.id = "msg_" + secrets.token_hex(12)
         self.model, self.prompt_tokens = model, prompt_tokens  # may be set again before end() (an upstream's count)
-        self.block = 0  # the last block begun
-        self.open: str | None = "text"  # its kind while it is open (None: closed)
+        self.block = -1  # the last block begun
+        self.open: str | None = None  # its kind while it is open (None: closed, or none yet)
 
     def start_block(self, block: dict[str, Any]) -> bytes:
         self.block, self.open = self.block + 1, block["type"]
@@ -197,10 +200,7 @@ class AnthropicStream:
             "stop_sequence": None,
             "usage": {"input_tokens": self.prompt_tokens, "output_tokens": 0},
         }
-        return named("message_start", {"type": "message_start", "message": message}) + named(
-            "content_block_start",
-            {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
-        )
+        return named("message_start", {"type": "message_start", "message": message})
 
     def text(self, piece: str) -> bytes:
         out = b"" if self.open == "text" else self.stop_block() + self.start_block({"type": "text", "text": ""})
@@ -229,8 +229,10 @@ class AnthropicStream:
     def end(self, finish: Finish, completion_tokens: int) -> bytes:
         delta = {"stop_reason": finish.reason, "stop_sequence": finish.sequence}
         usage = {"input_tokens": self.prompt_tokens, "output_tokens": completion_tokens}
+        empty = self.start_block({"type": "text", "text": ""}) if self.block < 0 else b""  # (as whole()'s content)
         return (
-            self.stop_block()
+            empty
+            + self.stop_block()
             + named("message_delta", {"type": "message_delta", "delta": delta, "usage": usage})
             + named("message_stop", {"type": "message_stop"})
         )
