@@ -444,6 +444,12 @@ def main(argv=None):
         "results/measure-HOST.json, so a third party's run does not overwrite ours)",
     )
     args = p.parse_args(argv)
+    if args.prompts < 1 or args.max_tokens < 1:
+        p.error("--prompts and --max-tokens must be at least 1")
+    try:
+        urlsplit(args.url or "").port  # noqa: B018 - a port past 65535 raises here, not mid-run
+    except ValueError as e:
+        p.error(f"--url {args.url}: {e}")
     if args.save is None:
         third = args.url and args.format != "ours"
         args.save = f"results/measure-{urlsplit(args.url).hostname}.json" if third else "results/measure.json"

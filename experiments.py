@@ -439,6 +439,8 @@ def main(argv=None):
     )
     p.add_argument("--results", default="results", help="`all`: folder for experiments.json and timeline.png")
     args = p.parse_args(argv)
+    if args.prompts < 1 or (args.max_tokens is not None and args.max_tokens < 1) or not 0 <= args.token_delay < 60:
+        p.error("--prompts and --max-tokens must be at least 1, --token-delay from 0 to 60 s")
     if args.experiment in ("all", "nginx", "page", "replicas"):
         args.port = args.port or 0
         args.proxy_port = args.proxy_port or 0

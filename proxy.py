@@ -17,6 +17,7 @@ and everything else a real proxy does.
 
 import argparse
 import asyncio
+import math
 
 from streaming.wire.http11 import HEAD_END, response
 
@@ -117,13 +118,18 @@ def parse_args(argv=None):
     if args.block < 1:
         p.error("--block must be at least 1 byte")
     for name in ("connect_timeout", "read_timeout", "send_timeout"):
-        if not getattr(args, name) > 0:
-            p.error(f"--{name.replace('_', '-')} must be more than 0 seconds")
+        if not 0 < getattr(args, name) < math.inf:
+            p.error(f"--{name.replace('_', '-')} must be more than 0 seconds, and finite")
+    if not (0 <= args.port <= 65535 and 1 <= args.upstream_port <= 65535):
+        p.error("--port must be from 0 to 65535, --upstream-port from 1 to 65535")
     return args
 
 
 async def serve(args):
-    server = await asyncio.start_server(lambda r, w: handle(r, w, args), args.host, args.port)
+    try:
+        server = await asyncio.start_server(lambda r, w: handle(r, w, args), args.host, args.port)
+    except OSError as e:  # a port taken, an address not this machine's
+        raise SystemExit(f"error: cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
     port = server.sockets[0].getsockname()[1]
     mode = "honoring X-Accel-Buffering" if args.honor else f"buffering {args.block}-byte blocks"
     print(

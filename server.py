@@ -53,15 +53,39 @@ from streaming.server.config import (
 from streaming.server.merging import MODES
 from streaming.server.resumable.recordings import GRACE_SECONDS, KEEP_COUNT, KEEP_SECONDS, ORPHANS
 from streaming.server.serve import serve
-from streaming.wire.http11 import REQUEST_TIMEOUT
+from streaming.wire.http11 import MAX_BODY, REQUEST_TIMEOUT
 from streaming.wire.params import MAX_STREAM_INTERVAL
+
+
+def number(kind, least, most=math.inf, above=False):
+    """An option's type: a `kind` number from `least` (or `above` it) to `most`, finite. A timeout
+    of 0 fired at once (nothing was ever answered), a ping of 0 sent keep-alives every turn of the
+    loop, a token delay of -1 killed the engine's thread before the server was ready, a port of
+    70000 was Python's OverflowError: each is now a usage error that says the range."""
+
+    def parse(value):
+        x = kind(value)  # (not a number: argparse says "invalid parse value")
+        if not (math.isfinite(x) and (x > least if above else x >= least) and x <= most):
+            bound = f"more than {least:g}" if above else f"at least {least:g}"
+            most_said = f" and at most {most:g}" if most < math.inf else ""
+            raise argparse.ArgumentTypeError(f"{value!r}: must be {bound}{most_said}, and finite")
+        return x
+
+    parse.__name__ = kind.__name__  # (argparse names the type in "invalid int value: 'x'")
+    return parse
+
+
+SECONDS = number(float, 0, above=True)  # timeouts and intervals
+PAUSE = number(float, 0)  # delays, graces: 0 is none
+COUNT = number(int, 0)
+PORT = number(int, 0, 65535)
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--naive", action="store_true", help="the article's naive server: never notices a reader leaving")
     p.add_argument("--host", default="127.0.0.1", help="the address to listen on (0.0.0.0: every interface)")
-    p.add_argument("--port", type=int, default=8765, help="the port to listen on; 0 picks a free one (printed)")
+    p.add_argument("--port", type=PORT, default=8765, help="the port to listen on; 0 picks a free one (printed)")
     lm.add_arguments(p)
     engine_options(p.add_argument_group("generation"))
     limit_options(p.add_argument_group("limits and timeouts"))
@@ -139,7 +163,7 @@ def engine_options(g):
         help="batched: guessed tokens (looked up in each answer's own text) a step of a batch of at most N rows may carry "
         "and keep where the row's sampling agrees; 0: none",
     )
-    g.add_argument("--queue", type=int, default=0, help="thread engine: bound each request's queue to N pieces")
+    g.add_argument("--queue", type=COUNT, default=0, help="thread engine: bound each request's queue to N pieces")
     g.add_argument(
         "--stream-interval",
         type=int,
@@ -167,13 +191,13 @@ def upstream_options(g):
     g.add_argument("--upstream-model", default=None, help="upstream: the model to ask for (default: the first listed)")
     g.add_argument(
         "--upstream-first-text",
-        type=float,
+        type=SECONDS,
         default=FIRST_TEXT,
         help="upstream: 504 if its first text takes longer than S s (pings and empty chunks do not count)",
     )
     g.add_argument(
         "--upstream-silence",
-        type=float,
+        type=SECONDS,
         default=SILENCE,
         help="upstream: end the answer with an error after S s without text",
     )
@@ -181,18 +205,25 @@ def upstream_options(g):
 
 def limit_options(g):
     g.add_argument(
-        "--write-timeout", type=float, default=WRITE_TIMEOUT, help="drop a reader that takes nothing for S s"
+        "--write-timeout", type=SECONDS, default=WRITE_TIMEOUT, help="drop a reader that takes nothing for S s"
     )
-    g.add_argument("--ping", type=float, default=PING_SECONDS, help="keep-alive after S s without an event")
-    g.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT, help="408 if a request takes longer")
-    g.add_argument("--backlog", type=int, default=BACKLOG, help="connections queued before accept")
-    g.add_argument("--max-body-memory", type=int, default=BODY_MEMORY, help="bytes all arriving bodies may hold")
-    g.add_argument("--keepalive-timeout", type=float, default=KEEPALIVE_TIMEOUT, help="idle S s, then close")
+    g.add_argument("--ping", type=SECONDS, default=PING_SECONDS, help="keep-alive after S s without an event")
+    g.add_argument("--request-timeout", type=SECONDS, default=REQUEST_TIMEOUT, help="408 if a request takes longer")
+    g.add_argument("--backlog", type=number(int, 1, 65535), default=BACKLOG, help="connections queued before accept")
+    g.add_argument(
+        "--max-body-memory",
+        type=number(
+            int, MAX_BODY
+        ),  # (less, and a body of the size allowed waits for room that never comes: a 503 for good)
+        default=BODY_MEMORY,
+        help=f"bytes all arriving bodies may hold (at least one whole body, {MAX_BODY})",
+    )
+    g.add_argument("--keepalive-timeout", type=SECONDS, default=KEEPALIVE_TIMEOUT, help="idle S s, then close")
     g.add_argument("--keepalive-requests", type=int, default=KEEPALIVE_REQUESTS, help="requests on one connection")
-    g.add_argument("--shutdown-grace", type=float, default=SHUTDOWN_GRACE, help="on SIGTERM, let answers finish S s")
+    g.add_argument("--shutdown-grace", type=PAUSE, default=SHUTDOWN_GRACE, help="on SIGTERM, let answers finish S s")
     g.add_argument(
         "--shutdown-end",
-        type=float,
+        type=PAUSE,
         default=SHUTDOWN_END,
         help="after the grace, S s for the answers cut short to write their end (an error); then they are dropped",
     )
@@ -215,11 +246,11 @@ def access_options(g):
 
 
 def resume_options(g):
-    g.add_argument("--resume-grace", type=float, default=GRACE_SECONDS, help="generate S s for a reader to come back")
-    g.add_argument("--resume-keep", type=float, default=KEEP_SECONDS, help="keep an ended stream S s for resuming")
-    g.add_argument("--resume-streams", type=int, default=KEEP_COUNT, help="keep at most N ended streams")
+    g.add_argument("--resume-grace", type=PAUSE, default=GRACE_SECONDS, help="generate S s for a reader to come back")
+    g.add_argument("--resume-keep", type=PAUSE, default=KEEP_SECONDS, help="keep an ended stream S s for resuming")
+    g.add_argument("--resume-streams", type=COUNT, default=KEEP_COUNT, help="keep at most N ended streams")
     g.add_argument(
-        "--resume-orphans", type=int, default=ORPHANS, help="live streams nobody reads: past N, stop the oldest"
+        "--resume-orphans", type=COUNT, default=ORPHANS, help="live streams nobody reads: past N, stop the oldest"
     )
     g.add_argument(
         "--store",
@@ -263,10 +294,10 @@ def store_url(value):
 
 
 def testing_options(g):
-    g.add_argument("--token-delay", type=float, default=0.0, help="sleep S s after each token")
-    g.add_argument("--fail-after", type=int, default=None, help="fail generation after N tokens")
-    g.add_argument("--first-delay", type=float, default=0.0, help="S s of silence before the first token")
-    g.add_argument("--drop-after", type=int, default=0, help="drop a resumable stream's connection every N events")
+    g.add_argument("--token-delay", type=PAUSE, default=0.0, help="sleep S s after each token")
+    g.add_argument("--fail-after", type=COUNT, default=None, help="fail generation after N tokens")
+    g.add_argument("--first-delay", type=PAUSE, default=0.0, help="S s of silence before the first token")
+    g.add_argument("--drop-after", type=COUNT, default=0, help="drop a resumable stream's connection every N events")
 
 
 def config_of(args, device=None):

@@ -133,6 +133,47 @@ def test_a_command_line_mistake_is_one_line_and_a_nonzero_exit(argv, says):
     assert out.returncode != 0 and len(lines) == 1 and says in lines[0], out.stderr
 
 
+BAD_OPTIONS = [
+    ("--request-timeout", "0"),  # (fired at once: every connection closed unanswered)
+    ("--write-timeout", "-1"),  # (every WebSocket answer aborted at its first message)
+    ("--ping", "nan"),  # (keep-alives at every turn of the loop)
+    ("--token-delay", "-1"),  # (the engine's thread died at its first step: never ready)
+    ("--token-delay", "inf"),
+    ("--port", "70000"),  # (Python's OverflowError)
+    ("--backlog", "99999999999"),
+    ("--queue", "-1"),  # (every request a 500)
+    ("--max-body-memory", "1000"),  # (under one whole body: a 503 "try again" for good)
+    ("--keepalive-timeout", "0"),
+    ("--resume-grace", "-2"),
+    ("--upstream-silence", "0"),
+    ("--fail-after", "-5"),
+]
+
+
+@pytest.mark.parametrize("option,value", BAD_OPTIONS)
+def test_an_option_out_of_its_range_is_a_usage_error_that_says_the_range(option, value, capsys):
+    import server
+
+    with pytest.raises(SystemExit) as e:
+        server.parse_args([option, value])
+    said = capsys.readouterr().err
+    assert e.value.code == 2 and f"argument {option}: {value!r}: must be" in said, said
+
+
+@pytest.mark.parametrize("script", ["server.py", "proxy.py"])
+def test_a_port_taken_is_one_line_and_a_nonzero_exit(script):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = ["--engine", "free"] if script == "server.py" else []
+        out = subprocess.run(
+            [sys.executable, script, *argv, "--port", str(port)], cwd=ROOT, capture_output=True, text=True, timeout=60
+        )
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out
+    assert out.stderr.strip().splitlines()[-1] == f"error: cannot listen on 127.0.0.1:{port}: Address already in use"
+
+
 # --- CORS --------------------------------------------------------------------------------------
 
 APP = "http://app.example:3000"

@@ -106,7 +106,13 @@ async def serve(config: Config, model: Model | None = None, load: Callable[[], s
     serve until SIGTERM or SIGINT, then drain. The exit status: 1 if the model failed to load."""
     ctx = build(config, model)
     # asyncio sets TCP_NODELAY on every connection
-    listener = await asyncio.start_server(HttpProtocol(ctx).handle, config.host, config.port, backlog=config.backlog)
+    try:
+        listener = await asyncio.start_server(
+            HttpProtocol(ctx).handle, config.host, config.port, backlog=config.backlog
+        )
+    except OSError as e:  # a port taken or not ours to take, an address not this machine's, a name unknown
+        print(f"error: cannot listen on {config.host}:{config.port}: {e.strerror or e}", file=sys.stderr, flush=True)
+        return 1
     port = listener.sockets[0].getsockname()[1]
     print(f"listening on http://{config.host}:{port}{' (naive)' if config.naive else ''}", flush=True)
     ctx.streams.start(port)

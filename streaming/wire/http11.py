@@ -297,7 +297,9 @@ class ChunkedDecoder:
             else:
                 size = line.split(b";", 1)[0].strip(b" \t")
                 if not size or not all(c in b"0123456789abcdefABCDEF" for c in size) or len(size) > 15:
-                    raise ProtocolError(f"malformed chunk size {line[:40].decode('latin-1')!r}", 400)  # (text, not b'...')
+                    raise ProtocolError(
+                        f"malformed chunk size {line[:40].decode('latin-1')!r}", 400
+                    )  # (text, not b'...')
                 self.remaining = int(size, 16)
                 self.trailer = self.remaining == 0
         return bytes(out)
