@@ -885,3 +885,31 @@ def test_a_bad_schedule_option_is_a_usage_error(argv):
         [sys.executable, "server.py", "--model", "tiny", *argv], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 2 and "usage:" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_the_room_grows_by_doubling_but_never_past_the_longest_a_row_can_grow():
+    """Admission (kv.fits) counts every slot at the longest row's whole answer; the room, doubled
+    past that, held up to 2.9x --kv-memory (two rows of 4,200 tokens in 3 slots of 8,192)."""
+    b = kv.SlotKV("cpu")
+    first = b.room
+    b.fit(1, first + 1, most=first + 10)
+    assert b.room == first + 10  # not 2 * first
+    b.fit(1, first + 11)
+    assert b.room == 2 * (first + 10)  # no bound given: doubled, as before
+
+
+def test_a_stream_taken_over_is_as_urgent_as_a_reader_caught_up_now():
+    """Its answer so far (prior) was read on the replica that died. Created at the takeover with
+    prior counted as delivered, its slack was 1 + P/R s: never urgent, a token per MAX_SKIP under
+    load. Now it is a reader caught up at the takeover: the slack of a new request's (TTFT)."""
+    prior = ids(1) * 20  # 200-odd tokens read already
+
+    async def rows():  # (a job belongs to a running loop)
+        e = BatchEngine(max_batch=4, model=lm.handle(), policy=Qoe(), clock=Clock())
+        taken = BatchedJob(e, ids(0), params(0, 400), prior=prior)
+        return taken, Row(taken, 100.0), Row(BatchedJob(e, ids(0), params(0, 400)), 100.0)
+
+    taken, over, fresh = asyncio.run(rows())
+    policy = Qoe()
+    slack = [policy.slack(r.created, r.delivered, 100.0) for r in (over, fresh)]
+    assert taken.produced == len(prior) and slack[0] == pytest.approx(slack[1]) == pytest.approx(policy.ttft)

@@ -38,7 +38,7 @@ from streaming.generation import decoder, sharing
 from streaming.generation.job import Job
 from streaming.generation.kv import KV_MEMORY, Layout, SlotKV, default_kv_memory, fits
 from streaming.generation.parts import StepCounts, StepParts
-from streaming.generation.policy import Fifo, Qoe, StepCosts, prefill_group, stretch
+from streaming.generation.policy import READING_RATE, Fifo, Qoe, StepCosts, prefill_group, stretch
 from streaming.generation.prefixes import RETAIN_MEMORY, RETAIN_STEP, Prefixes
 from streaming.generation.sampling import Draws, choose_batch
 from streaming.generation.speculation import Lookup, Odds, kept
@@ -61,7 +61,11 @@ class Row:
         self.length = 0  # tokens in its slot: the position of the next input
         self.next: int | None = None  # the token to feed at the next step
         self.not_before = now + job.options.first_delay  # testing: --first-delay
-        self.created = self.last_at = now
+        # A stream taken over from another replica brings its answer so far (`prior`), read by
+        # then: its reader is taken to be caught up now. (Created now with `prior` delivered, its
+        # slack was 1 + P/R s, so it was never urgent: about a token per MAX_SKIP under load.)
+        self.created = now - len(job.prior) / READING_RATE
+        self.last_at = now
         self.done = False
         self.lookup = Lookup(self.ids)  # its text, where its guesses come from (speculation.py)
         self.guesses: list[int] = []  # fed after `next` at this step
@@ -156,9 +160,12 @@ class Batch:
         return fits([len(r.ids) + r.planned for r in [*self.rows, *self.joining, row]], self.model.net, self.kv_memory)
 
     def fail(self, error: BaseException) -> None:
-        """A step failed: every request in it fails, the batch starts empty (the engine goes on)."""
+        """A step failed: every request in it fails, the batch starts empty (the engine goes on).
+        A row that ended in the step before it failed keeps its end (it was ended twice: counted
+        twice, and an error put after its end)."""
         for row in list(self.rows) + list(self.joining):
-            row.end(error=error)
+            if not row.done:
+                row.end(error=error)
         self.rows = []
         self.kv.clear()  # every slot freed
         self.joining.clear()
@@ -244,7 +251,8 @@ class Batch:
         plain, guessing = [r for r in run if not r.guesses], [r for r in run if r.guesses]
         with self.parts.timed("kv"):
             layout = layout_of(self.kv, plain, guessing, pieces)
-            self.kv.fit(len(self.kv), layout.room())
+            most = max(len(r.ids) + r.planned for r in (*self.rows, *self.joining))  # (the longest a row grows)
+            self.kv.fit(len(self.kv), layout.room(), most)
         ids, positions, keep, joined = flat_inputs(plain, guessing, pieces, layout)
         self.kv.layout = layout
         tensors = (torch.tensor(x, dtype=torch.long, device=self.device) for x in (ids, positions, keep))

@@ -182,7 +182,11 @@ class BatchEngine:
                 calls = list(self.calls)
                 self.calls.clear()
                 if not calls:
-                    self.batch.admit(self.max_batch)
+                    try:
+                        self.batch.admit(self.max_batch)
+                    except Exception as e:  # noqa: BLE001 - as a failed step: its requests fail, never the thread
+                        traceback.print_exc()
+                        self.batch.fail(e)
             if calls:  # between steps; then wait again for what there is to do
                 for fn, done in calls:
                     try:
@@ -201,7 +205,10 @@ class BatchEngine:
                 traceback.print_exc()  # (its readers are told only that it failed: the why is here)
                 self.batch.fail(e)
             if self.after_step is not None:
-                self.after_step()
+                try:
+                    self.after_step()
+                except Exception:  # noqa: BLE001 - the engine goes on (a dead engine thread leaves every reader waiting)
+                    traceback.print_exc()
             if self.token_delay:  # testing: after each token, so after a step as many as a row got
                 time.sleep(self.token_delay * self.batch.widest)
 

@@ -166,11 +166,14 @@ class SlotKV:
 
     # --- memory --------------------------------------------------------------------------------
 
-    def fit(self, slots: int, room: int) -> None:
+    def fit(self, slots: int, room: int, most: int | None = None) -> None:
         """Make room for `slots` slots of `room` tokens: the room doubled (a row grows a token a
-        step), a few spare slots (every slot holds the whole room: fewer, the longer it is)."""
+        step), but never past `most`, the longest any row can grow (admission, `fits`, counted
+        every slot at that: doubled past it, two rows of 4,200 tokens took 3 slots of 8,192, 2.9x
+        the budget), and a few spare slots (every slot holds the whole room: fewer, the longer it is)."""
         if slots > self.slots or room > self.room:
-            room = self.room if room <= self.room else max(room, 2 * self.room)
+            grown = 2 * self.room if most is None else max(room, min(2 * self.room, most))
+            room = self.room if room <= self.room else max(room, grown)
             self.resize(max(slots, len(self.owners)) + min(FIRST_SLOTS - 1, SPARE_ROOM // room), room)
 
     def resize(self, slots: int, room: int) -> None:
