@@ -297,9 +297,8 @@ class ChunkedDecoder:
             else:
                 size = line.split(b";", 1)[0].strip(b" \t")
                 if not size or not all(c in b"0123456789abcdefABCDEF" for c in size) or len(size) > 15:
-                    raise ProtocolError(
-                        f"malformed chunk size {line[:40].decode('latin-1')!r}", 400
-                    )  # (text, not b'...')
+                    shown = line[:40].decode("latin-1")  # told as text, not as Python's b'...'
+                    raise ProtocolError(f"malformed chunk size {shown!r}", 400)
                 self.remaining = int(size, 16)
                 self.trailer = self.remaining == 0
         return bytes(out)
