@@ -210,13 +210,13 @@ def limit_options(g):
     g.add_argument("--ping", type=SECONDS, default=PING_SECONDS, help="keep-alive after S s without an event")
     g.add_argument("--request-timeout", type=SECONDS, default=REQUEST_TIMEOUT, help="408 if a request takes longer")
     g.add_argument("--backlog", type=number(int, 1, 65535), default=BACKLOG, help="connections queued before accept")
+    # (under one whole body, a body of the size allowed waits for room that never comes: a 503 for good)
+    bodies = number(int, MAX_BODY)
     g.add_argument(
         "--max-body-memory",
-        type=number(
-            int, MAX_BODY
-        ),  # (less, and a body of the size allowed waits for room that never comes: a 503 for good)
+        type=bodies,
         default=BODY_MEMORY,
-        help=f"bytes all arriving bodies may hold (at least one whole body, {MAX_BODY})",
+        help=f"bytes all arriving bodies may hold (>= {MAX_BODY})",
     )
     g.add_argument("--keepalive-timeout", type=SECONDS, default=KEEPALIVE_TIMEOUT, help="idle S s, then close")
     g.add_argument("--keepalive-requests", type=int, default=KEEPALIVE_REQUESTS, help="requests on one connection")
