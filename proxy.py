@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import math
 
+from streaming.http_client import failure
 from streaming.wire.http11 import HEAD_END, response
 
 BLOCK = 8192  # bytes: one memory page of nginx's proxy buffers on many systems
@@ -129,7 +130,7 @@ async def serve(args):
     try:
         server = await asyncio.start_server(lambda r, w: handle(r, w, args), args.host, args.port)
     except OSError as e:  # a port taken, an address not this machine's
-        raise SystemExit(f"error: cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
+        raise SystemExit(f"error: cannot listen on {args.host}:{args.port}: {failure(e)}") from None
     port = server.sockets[0].getsockname()[1]
     mode = "honoring X-Accel-Buffering" if args.honor else f"buffering {args.block}-byte blocks"
     print(

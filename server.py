@@ -65,9 +65,10 @@ def number(kind, least, most=math.inf, above=False):
 
     def parse(value):
         x = kind(value)  # (not a number: argparse says "invalid parse value")
-        if not (math.isfinite(x) and (x > least if above else x >= least) and x <= most):
-            bound = f"more than {least:g}" if above else f"at least {least:g}"
-            most_said = f" and at most {most:g}" if most < math.inf else ""
+        finite = not isinstance(x, float) or math.isfinite(x)  # (an int of 400 digits: no float, no OverflowError)
+        if not (finite and (x > least if above else x >= least) and x <= most):
+            bound = f"more than {least}" if above else f"at least {least}"
+            most_said = f" and at most {most}" if most < math.inf else ""
             raise argparse.ArgumentTypeError(f"{value!r}: must be {bound}{most_said}, and finite")
         return x
 

@@ -6,13 +6,15 @@
 connection closes), then the end, counting every byte received (headers included, for the
 article's figures), each read within `read_timeout` if one is given. Errors are the caller's to
 name: a broken answer raises the parser's ProtocolError, silence asyncio.TimeoutError, a broken
-connection OSError. Leaves out: keep-alive (one request a connection: every request here says
-`Connection: close`), redirects, proxies and HTTP/2.
+connection OSError (`failure(e)` says it in words). Leaves out: keep-alive (one request a
+connection: every request here says `Connection: close`), redirects, proxies and HTTP/2.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 import ssl
 from collections.abc import AsyncIterator, Iterable
 from urllib.parse import SplitResult
@@ -21,6 +23,19 @@ from streaming.wire import http11
 from streaming.wire.http11 import END, Response, ResponseReader
 
 READ_SIZE = 65536
+
+
+def failure(e: OSError) -> str:
+    """What went wrong with a connection (or a listening socket), in the system's words for its
+    errno ("Connection refused", "Address already in use"): asyncio's own message names the
+    address ("Connect call failed ('10.0.0.5', 8000)", "error while attempting to bind on ...").
+    A name that does not resolve and a TLS failure have errnos of their own kind, which strerror
+    does not know ("Unknown error -2", "Operation not permitted")."""
+    if isinstance(e, socket.gaierror):
+        return f"its name does not resolve ({e.strerror})"
+    if isinstance(e, ssl.SSLError):
+        return f"TLS failed ({e.reason or type(e).__name__})"
+    return os.strerror(e.errno) if e.errno else type(e).__name__
 
 
 async def connect(url: SplitResult, timeout: float | None = None) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:

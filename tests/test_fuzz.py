@@ -281,9 +281,14 @@ def test_a_huge_line_is_scanned_once(n):
 
 def reference_stops(stops, pieces):
     """What StopMatcher must send, found the plain way: each stop string's every length tried at
-    every piece (the matcher's code before its automaton)."""
+    every piece (the matcher's code before its automaton); a None among the pieces is a flush
+    (before a tool call, mid-answer), after which the text starts anew."""
     held, out = "", []
     for piece in pieces:
+        if piece is None:
+            out.append(held)
+            held = ""
+            continue
         text = held + piece
         hits = [(text.find(s), s) for s in stops if s in text]
         if hits:
@@ -301,13 +306,14 @@ def reference_stops(stops, pieces):
 
 
 ALPHABET = st.text(alphabet="abc", min_size=1, max_size=6)  # few letters: stop strings overlap and repeat
+PIECES = st.lists(st.one_of(st.text(alphabet="abcd", max_size=5), st.none()), max_size=12)
 
 
 @FUZZ
-@given(st.lists(ALPHABET, min_size=1, max_size=4), st.lists(st.text(alphabet="abcd", max_size=5), max_size=12))
+@given(st.lists(ALPHABET, min_size=1, max_size=4), PIECES)
 def test_stop_strings_are_held_and_matched_as_the_plain_way_does(stops, pieces):
     m = StopMatcher(stops)
-    got = [m.push(p) for p in pieces]
+    got = [m.flush() if p is None else m.push(p) for p in pieces]
     got.append(m.flush())
     want, matched = reference_stops(stops, pieces)
     assert m.matched == matched

@@ -267,3 +267,19 @@ def test_the_upstream_is_asked_with_the_requests_cache_salt_and_ignore_eos_only_
     assert "cache_salt" not in plain and "ignore_eos" not in plain
     salted = json.loads(asking.body("m", GenerationParams(cache_salt="s3cret", ignore_eos=True), None, MESSAGES))
     assert salted["cache_salt"] == "s3cret" and salted["ignore_eos"] is True
+
+
+def test_a_prefill_is_continued_by_the_upstream_too_with_the_text_so_far_inside_it():
+    """Anthropic's prefill (a last assistant message) was sent as a closed turn, so the upstream
+    began a new one after it; and a stream taken over then sent two assistant messages in a row."""
+    from streaming.generation.prompts import Prompt
+    from streaming.generation.upstream import asking
+    from streaming.wire.params import GenerationParams
+
+    chat = [*MESSAGES, {"role": "assistant", "content": "Lighthouses"}]
+    prompt = Prompt(None, tuple(chat), True)
+    asked = json.loads(asking.body("m", GenerationParams(), prompt, chat))
+    assert asked["messages"] == chat and asked["continue_final_message"] is True
+    assert asked["add_generation_prompt"] is False
+    again = json.loads(asking.body("m", GenerationParams(), prompt, chat, so_far=" guide", produced=1))
+    assert again["messages"] == [*MESSAGES, {"role": "assistant", "content": "Lighthouses guide"}]

@@ -140,7 +140,7 @@ class SlotKV:
 
     def put(self, slot: int, layers: list[tuple[torch.Tensor, torch.Tensor]], n: int) -> None:
         """Copy the first n keys and values of a one-row cache (a kept shared prefix) into a slot."""
-        self.fit(len(self.owners), n)
+        self.fit(len(self.owners), n, most=n)  # (not doubled: the step's own fit grows it, within its bound)
         for layer, (k, v) in enumerate(layers):
             keys, values = self.store(layer, k, v)
             keys[slot, :, :n] = k[0, :, :n]

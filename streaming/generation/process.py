@@ -16,10 +16,12 @@ is not restarted: the server exits, as in one process.
 from the engine's last report (every METRICS_EVERY while it has work, and before every end).
 
 A message to the engine process goes through a sending thread of its own, so the event loop never
-waits on the pipe, even while that process is stopped (SIGSTOP) or hung. An engine process that
+waits on the pipe, even while that process is stopped (SIGSTOP) or frozen. An engine process that
 has said nothing for STALL seconds while it has requests is taken for dead: it is killed, which
 fails its requests and starts a new one, as any death does. So is one that sends what cannot be
-read (the pipe's stream is then lost): nobody waits on a pipe that will never say more.
+read (the pipe's stream is then lost): nobody waits on a pipe that will never say more. (Its
+reports come from its own loop, so an engine thread stuck in one kernel while that loop still
+runs is not caught here; one whose thread has died exits, process_child.py.)
 
 Leaves out: the thread engine's `--queue`, and more than one engine process.
 """
@@ -87,7 +89,7 @@ class EngineProcess:
         self.proc, self.sent, self.live = proc, 0, True
         self.snapshot.update(active=0, waiting=0, refusal=None, positions={}, submitted=0)
         threading.Thread(target=self.receive, args=(ours, proc), name="engine pipe", daemon=True).start()
-        threading.Thread(target=sending, args=(ours, self.outbox), name="engine sends", daemon=True).start()
+        threading.Thread(target=sending, args=(ours, self.outbox, proc), name="engine sends", daemon=True).start()
 
     def receive(self, conn: Any, proc: Any) -> None:
         """The receiving thread: every message to the loop. The pipe's end (end-of-file, or what
@@ -249,14 +251,19 @@ class EngineProcess:
         return m
 
 
-def sending(conn: Any, outbox: queue.SimpleQueue[tuple[Any, ...] | None]) -> None:
+def sending(conn: Any, outbox: queue.SimpleQueue[tuple[Any, ...] | None], proc: Any) -> None:
     """A sending thread: `outbox`'s messages down the pipe, until None. A send waits while the
-    engine process is stopped (the watch kills it past STALL); to a dead one, it is dropped."""
+    engine process is stopped (the watch kills it past STALL); to a dead one, it is dropped. One
+    that cannot be sent at all (it does not pickle) would leave its request waiting for good: the
+    process is stopped, which fails every request it has, and a new one starts."""
     while (msg := outbox.get()) is not None:
         try:
             conn.send(msg)
         except (OSError, ValueError):
             pass
+        except Exception as e:  # noqa: BLE001 - said, and the process replaced: never a thread gone quiet
+            print(f"a message to the engine process could not be sent ({e!r}): stopping it", flush=True)
+            proc.kill()
 
 
 class RemoteStop(StopFlag):

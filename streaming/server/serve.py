@@ -15,6 +15,7 @@ from collections.abc import Callable
 from streaming.generation.backend import Backend
 from streaming.generation.policy import schedule
 from streaming.generation.upstream.pool import Pool
+from streaming.http_client import failure
 from streaming.model.loading import Model
 from streaming.server.answer import Answers
 from streaming.server.config import Config
@@ -111,7 +112,7 @@ async def serve(config: Config, model: Model | None = None, load: Callable[[], s
             HttpProtocol(ctx).handle, config.host, config.port, backlog=config.backlog
         )
     except OSError as e:  # a port taken or not ours to take, an address not this machine's, a name unknown
-        print(f"error: cannot listen on {config.host}:{config.port}: {e.strerror or e}", file=sys.stderr, flush=True)
+        print(f"error: cannot listen on {config.host}:{config.port}: {failure(e)}", file=sys.stderr, flush=True)
         return 1
     port = listener.sockets[0].getsockname()[1]
     print(f"listening on http://{config.host}:{port}{' (naive)' if config.naive else ''}", flush=True)

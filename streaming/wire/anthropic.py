@@ -109,7 +109,7 @@ class Anthropic:
         tools = anthropic_tools(body)
         # A last assistant message is the answer's beginning, which the answer continues (Anthropic's
         # "prefill"); it was closed and a new turn begun, so the answer ignored it.
-        prefill = chat[-1]["role"] == "assistant"
+        prefill = chat[-1]["role"] == "assistant" and (chat[-1]["content"] != "" or bool(chat[-1].get("tool_calls")))
         if prefill and (chat[-1].get("tool_calls") or not chat[-1]["content"].strip()):
             at = f"messages.{len(messages) - 1}.content"
             raise InvalidRequest(f"{at}: a last assistant message (a prefill) must be text", at)

@@ -53,6 +53,10 @@ def body(
     if prompt is not None and prompt.raw:
         del out["messages"]
         out["prompt"] = (prompt.text or "") + so_far
+    elif prompt is not None and prompt.continue_final:  # the last (assistant) message goes on (a prefill)
+        last = messages[-1]
+        out["messages"] = [*messages[:-1], {**last, "content": (last.get("content") or "") + so_far}]
+        out.update(continue_final_message=True, add_generation_prompt=False)
     elif so_far:
         out["messages"] = [*messages, {"role": "assistant", "content": so_far}]
         out.update(continue_final_message=True, add_generation_prompt=False)

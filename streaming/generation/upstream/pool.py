@@ -19,9 +19,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import os
-import socket
-import ssl
 import sys
 import time
 from dataclasses import dataclass, field
@@ -29,6 +26,7 @@ from typing import Any
 from urllib.parse import SplitResult, unquote, urlsplit
 
 from streaming import http_client
+from streaming.http_client import failure
 from streaming.wire.errors import ProtocolError
 from streaming.wire.http11 import Response
 
@@ -69,18 +67,6 @@ class UpstreamError(Exception):
         kind = {502: "upstream_failed", 503: "upstream_overloaded", 504: "upstream_timeout"}.get(self.status)
         told = f"the upstream {self.message}" if self.url else self.message
         return ProtocolError(told, self.status, close_code=1011, kind=kind)
-
-
-def failure(e: OSError) -> str:
-    """What went wrong with a connection, in the system's words for its errno ("Connection
-    refused"): asyncio's own message names the address ("Connect call failed ('10.0.0.5', 8000)").
-    A name that does not resolve and a TLS failure have errnos of their own kind, which strerror
-    does not know ("Unknown error -2", "Operation not permitted")."""
-    if isinstance(e, socket.gaierror):
-        return f"its name does not resolve ({e.strerror})"
-    if isinstance(e, ssl.SSLError):
-        return f"TLS failed ({e.reason or type(e).__name__})"
-    return os.strerror(e.errno) if e.errno else type(e).__name__
 
 
 @dataclass
@@ -215,7 +201,7 @@ class Pool:
 
     def failed(self, u: Upstream, e: UpstreamError) -> None:
         u.failures += 1
-        if e.retry:  # a request the upstream refused (a 4xx) says nothing of its health
+        if e.retry:  # a request the upstream refused as the reader's (400, 413, 422) says nothing of its health
             u.out_for = min(MAX_OUT, u.out_for * 2 or TAKE_OUT)
             u.out_until = time.monotonic() + u.out_for
             print(f"upstream {u.url} failed ({e}): left out for {u.out_for:g} s", file=sys.stderr, flush=True)
