@@ -452,8 +452,10 @@ def test_an_upstream_that_refuses_every_request_is_taken_out_and_the_next_one_as
             for _ in range(3):
                 status, raw, _ = chat(s, "normal", stream=False)
                 assert status == 200 and json.loads(raw)["choices"][0]["message"]["content"] == "Hello there"
-            ups = metrics(s.port)["upstreams"]
-            assert ups[0]["failures"] == 1 and ups[0]["out_s"] > 0 and ups[1]["served"] == 3, ups
+            ups = metrics(s.port)[
+                "upstreams"
+            ]  # (left out 2 s: on a slow machine it may be asked again, and fail again)
+            assert ups[0]["failures"] >= 1 and ups[0]["served"] == 0 and ups[1]["served"] == 3, ups
     finally:
         refusing.close()
 
