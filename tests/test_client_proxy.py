@@ -304,3 +304,31 @@ def test_experiments_all_end_to_end_with_the_tiny_model(tmp_path):
     # no child is left behind
     left = subprocess.run(["pgrep", "-f", "proxy.py --(honor --)?port"], capture_output=True, text=True).stdout
     assert not left.strip()
+
+
+def test_waiting_for_a_server_that_accepts_and_never_answers_ends_at_its_deadline():
+    """Each try is bounded by the deadline: a peer that accepted and said nothing held the wait
+    for good (client.py measure, the experiments)."""
+
+    async def run():
+        held = []
+
+        async def mute(reader, writer):  # accepts, reads, answers nothing
+            held.append(writer)
+            await reader.read()
+
+        server = await asyncio.start_server(mute, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        try:
+            with pytest.raises(client.ServerError, match=f"no server ready at 127.0.0.1:{port}"):
+                await asyncio.wait_for(client.wait_ready("127.0.0.1", port, timeout=1), 10)
+            return loop.time() - t0
+        finally:
+            for w in held:
+                w.close()
+            server.close()
+            await server.wait_closed()
+
+    assert asyncio.run(run()) < 5
