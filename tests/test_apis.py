@@ -250,11 +250,11 @@ def test_anthropic_takes_ignore_eos_as_chat_completions_does(servers):
 def test_anthropic_continues_a_last_assistant_message_as_chat_completions_does(servers):
     """Anthropic's prefill: a last assistant message is the answer's beginning. It was closed and
     a new turn begun after it, so the answer ignored it; now it is continued, as vLLM's
-    continue_final_message does on /v1/chat/completions (the exact model: greedy text repeats)."""
+    continue_final_message does on /v1/chat/completions (the exact model, sampled from seed 0 in
+    both formats: the same prompt gives the same text)."""
     port = servers["exact"].port
     body = {
         "max_tokens": 12,
-        "temperature": 0,
         "messages": MESSAGES + [{"role": "assistant", "content": "Lighthouses"}],
     }
     r = an(port).messages.create(model="x", **body)
