@@ -282,6 +282,12 @@ class CallDelta(NamedTuple):
     arguments: str  # the next characters of its arguments' JSON text
 
 
+def error_text(message: Any) -> str:
+    """An upstream's error message as its readers are told it: its text, or JSON's for what is not
+    a string (never Python's repr), ERROR_CHARS at most."""
+    return (message if isinstance(message, str) else json.dumps(message))[:ERROR_CHARS]
+
+
 def read_chunk(data: str) -> Chunk:
     """One stream event's data as a Chunk; ProtocolError(502) for one that is not a JSON object
     (`[DONE]` is the caller's: it ends the stream)."""
@@ -293,8 +299,7 @@ def read_chunk(data: str) -> Chunk:
         raise ProtocolError("an event that is not a JSON object", 502)
     if "error" in value:
         err = value["error"]
-        message = err.get("message", err) if isinstance(err, dict) else err
-        return Chunk("", error=(message if isinstance(message, str) else json.dumps(message))[:ERROR_CHARS])
+        return Chunk("", error=error_text(err.get("message", err) if isinstance(err, dict) else err))
     texts, finish, alive, calls = [], None, False, []
     for choice in value.get("choices") or []:
         if not isinstance(choice, dict):

@@ -29,6 +29,7 @@ from streaming import http_client
 from streaming.http_client import failure
 from streaming.wire.errors import ProtocolError
 from streaming.wire.http11 import Response
+from streaming.wire.openai import error_text
 
 CONNECT_TIMEOUT = 5.0  # seconds to connect to an upstream (and for a probe's answer) before trying the next
 # A small GET (a probe, /models) whole, head and body: its reads each within CONNECT_TIMEOUT were no
@@ -49,7 +50,6 @@ PROBE_EVERY = 1.0  # seconds between probes of the upstreams left out
 ERROR_BODY = 64 * 1024  # bytes of an upstream's error answer (or a probe's) read for its message
 OVERLOADED = {429, 503}
 THE_READERS = {400, 413, 422}  # refusals of the request itself: no other upstream would take it
-MESSAGE_CHARS = 200  # of an upstream's error message, told to the reader
 
 
 class UpstreamError(Exception):
@@ -147,17 +147,16 @@ async def get_within(u: Upstream, path: str, key: str | None) -> tuple[Response,
 
 def error_message(body: bytes) -> str:
     """An upstream's error answer in a line: its JSON's message (OpenAI's error.message, FastAPI's
-    detail) as JSON writes it where it is not a string, else its text; MESSAGE_CHARS at most."""
+    detail), else the JSON, else its text (openai.error_text's bound and form)."""
     try:
         err = json.loads(body)
         inner = err.get("error", err) if isinstance(err, dict) else err
         found = (inner.get("message") if isinstance(inner, dict) else None) or (
             err.get("detail") if isinstance(err, dict) else None
         )
-        message = found if isinstance(found, str) else json.dumps(found if found is not None else err)
+        return error_text(found if found is not None else json.dumps(err))  # (a JSON string body: quoted, as before)
     except (ValueError, RecursionError):  # not JSON, or nested past Python's recursion limit
-        message = body.decode("utf-8", "replace")
-    return message[:MESSAGE_CHARS]
+        return error_text(body.decode("utf-8", "replace"))
 
 
 def refusal(u: Upstream, status: int, body: bytes) -> UpstreamError:

@@ -38,15 +38,8 @@ from typing import Any, TypeVar
 from streaming import http_client
 from streaming.generation.job import Item, Job, Piece, StopFlag
 from streaming.generation.upstream import asking
-from streaming.generation.upstream.pool import (
-    Pool,
-    Upstream,
-    UpstreamError,
-    connect,
-    failure,
-    refusal,
-    request_bytes,
-)
+from streaming.generation.upstream.pool import Pool, Upstream, UpstreamError, connect, refusal, request_bytes
+from streaming.http_client import failure
 from streaming.wire.errors import ProtocolError
 from streaming.wire.openai import CallsAsText, read_chunk
 from streaming.wire.sse import EventParser
