@@ -132,6 +132,25 @@ def test_openai_stop_strings(servers):
     assert chunks[-1].choices[0].finish_reason == "stop"
 
 
+def test_usage_counts_the_tokens_through_the_one_that_completed_a_stop_string(servers):
+    """As vLLM counts: the tokens through the one whose text completed the stop string (k: the
+    fewest max_tokens whose answer holds it), not the one or two generated before the engine saw
+    the stop (they were counted). The `slow` server: each token reaches the loop before the next."""
+    client = oa(servers["slow"].port)
+
+    def ask(**kw):
+        return client.chat.completions.create(
+            model="x", messages=MESSAGES, seed=5, extra_body={"ignore_eos": True}, **kw
+        )
+
+    stop = ask(max_tokens=30).choices[0].message.content[12:16]
+    k = next(k for k in range(1, 31) if stop in ask(max_tokens=k).choices[0].message.content)
+    whole = ask(max_tokens=30, stop=[stop])
+    assert whole.choices[0].finish_reason == "stop" and whole.usage.completion_tokens == k
+    chunks = list(ask(max_tokens=30, stop=[stop], stream=True, stream_options={"include_usage": True}))
+    assert chunks[-2].choices[0].finish_reason == "stop" and chunks[-1].usage.completion_tokens == k
+
+
 def test_openai_closing_the_stream_after_10_chunks_stops_generation(servers):
     port = servers["slow"].port
     before = len(server_log(port))
@@ -191,6 +210,21 @@ def test_openai_defaults_of_what_it_cannot_do_pass_and_a_null_max_completion_tok
     body.update(response_format={"type": "text"}, max_completion_tokens=None, max_tokens=3, ignore_eos=True)
     r = httpx.post(f"http://127.0.0.1:{servers['plain'].port}/v1/chat/completions", json=body, timeout=30)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3, r.text
+
+
+def test_top_p_0_is_the_likeliest_token_and_a_negative_seed_is_a_seed_in_both_formats(servers):
+    """OpenAI's and Anthropic's ranges: top_p from 0, which keeps the likeliest token alone (the text
+    at temperature 0.9 is greedy's), and a seed any 64-bit integer, negative too (both were 400s).
+    Our own format keeps its (0, 1] and seeds from 0 (test_bad_inputs.py)."""
+    port = servers["exact"].port
+    body = {"model": "x", "max_tokens": 12, "messages": MESSAGES, "extra_body": {"ignore_eos": True}}
+    greedy = oa(port).chat.completions.create(temperature=0, **body).choices[0].message.content
+    nucleus = oa(port).chat.completions.create(temperature=0.9, top_p=0, seed=-(2**63), **body)
+    r = an(port).messages.create(temperature=0.9, top_p=0, **body)
+    assert nucleus.choices[0].message.content == r.content[0].text == greedy
+    seeded = [oa(port).chat.completions.create(temperature=1, seed=s, **body) for s in (-7, -7)]
+    assert seeded[0].choices[0].message.content == seeded[1].choices[0].message.content
+    assert seeded[0].usage.completion_tokens == 12
 
 
 @pytest.mark.parametrize("body,param", OPENAI_BAD)

@@ -9,6 +9,7 @@ from helpers import WSClient, http, metrics, raw_request, wait_idle
 from streaming.wire import websocket as ws
 
 H = b"Host: 127.0.0.1\r\n"
+WS_FIELDS = b"Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
 
 
 def post(path, body, extra=b""):
@@ -51,6 +52,7 @@ HTTP_CASES = [
     ("prompt past the context", post(b"/complete", {"prompt": " a" * 30000, "max_tokens": 4096}), 422),
     ("ws without Upgrade", b"GET /ws HTTP/1.1\r\n" + H + b"\r\n", 426),
     ("POST /ws", post(b"/ws", {}), 405),
+    ("ws over HTTP/1.0", b"GET /ws HTTP/1.0\r\n" + H + WS_FIELDS + b"\r\n", 400),
 ]
 WS_HANDSHAKE_CASES = [
     ("ws version 8", [("Sec-WebSocket-Version", "8")], 426),

@@ -98,6 +98,8 @@ def test_cancel_stops_generation_and_the_stream_ends_cancelled(servers):
     assert seen[-1].type == "response.incomplete" and seen[-1].response.status == "cancelled"
     assert seen[-1].response.usage.output_tokens < 100
     assert metrics(port)["active_generations"] == 0
+    with pytest.raises(openai.BadRequestError, match="already over"):  # (it was "cancelled" again, ended or not)
+        client.responses.cancel(seen[0].response.id)
 
 
 def test_errors_come_in_openais_shape(servers):

@@ -136,13 +136,14 @@ def test_session_answers_pings_echoes_the_close_and_reassembles(step):
     assert not s.send_text("too late")  # our close is sent: nothing after it
 
 
-def test_session_after_our_close_does_not_echo_and_eof_is_abnormal():
+def test_session_after_our_close_neither_echoes_nor_answers_a_ping_and_eof_is_abnormal():
     s = Session(client=False)
     s.close(1000)
     ours = s.data_to_send()
     assert ours == ws.close_frame(1000)
-    assert events_of(s, client_frames(ws.Frame(ws.CLOSE, ws.close_payload(1000)))) == [Closed(1000, "")]
-    assert s.data_to_send() == b""  # the handshake is complete: no second close
+    pinged = client_frames(ws.Frame(ws.PING, b"late"), ws.Frame(ws.CLOSE, ws.close_payload(1000)))
+    assert events_of(s, pinged) == [ws.Frame(ws.PING, b"late"), Closed(1000, "")]
+    assert s.data_to_send() == b""  # no pong after our close (it sent one), and no second close
     t = Session(client=False)
     t.receive_eof()
     assert t.next_event() == Closed(ABNORMAL) and t.next_event() is None

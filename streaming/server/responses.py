@@ -63,6 +63,8 @@ async def item(ctx: Context, ex: Exchange) -> None:
         stopped = await ctx.streams.stop(stream_id) if known else None
         if stopped is None:
             raise not_found(response_id)
+        if not stopped:  # (its end, completed, incomplete or failed, was sent: "cancelled" would be untrue)
+            raise InvalidRequest(f"response {response_id} is already over: only one in progress can be cancelled")
         ex.respond_json(200, ResponsesStream(response_id, model_id(ctx), 0).response("cancelled"))
         return
     if action:

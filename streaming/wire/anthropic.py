@@ -15,7 +15,7 @@ from typing import Any
 from streaming.wire import sse
 from streaming.wire.apis import ApiRequest, Call, Finish, kind_of, stops
 from streaming.wire.errors import InvalidRequest, ProtocolError
-from streaming.wire.params import MAX_SEED, MAX_TOKENS, GenerationParams, cache_salt, number, unicode
+from streaming.wire.params import MAX_SEED, MAX_TOKENS, MIN_SEED, GenerationParams, cache_salt, number, unicode
 from streaming.wire.tools import anthropic_tools, call_arguments, call_name
 
 TOOL_BLOCKS = ("tool_use", "tool_result")
@@ -99,9 +99,9 @@ class Anthropic:
             raise InvalidRequest("messages: all messages must have non-empty content", "messages")
         params = GenerationParams(
             max_tokens=number(body, "max_tokens", None, 1, MAX_TOKENS, True),
-            seed=number(body, "seed", 0, 0, MAX_SEED, True, none_is_default=True),  # not Anthropic's; for tests
+            seed=number(body, "seed", 0, MIN_SEED, MAX_SEED, True, none_is_default=True),  # not Anthropic's; for tests
             temperature=number(body, "temperature", 1.0, 0, 1, none_is_default=True),
-            top_p=number(body, "top_p", 1.0, 1e-6, 1, none_is_default=True),
+            top_p=number(body, "top_p", 1.0, 0, 1, none_is_default=True),
             ignore_eos=body.get("ignore_eos") is True,  # vLLM's extension (not Anthropic's), for measurements
             cache_salt=cache_salt(body),  # vLLM's extension: prefixes.py
         )

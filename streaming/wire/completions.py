@@ -22,7 +22,16 @@ from streaming.wire import sse
 from streaming.wire.apis import ApiRequest, Call, Finish, kind_of, stops
 from streaming.wire.errors import InvalidRequest, ProtocolError
 from streaming.wire.openai import OpenAI, usage
-from streaming.wire.params import MAX_SEED, MAX_TOKENS, GenerationParams, cache_salt, number, stream_interval, unicode
+from streaming.wire.params import (
+    MAX_SEED,
+    MAX_TOKENS,
+    MIN_SEED,
+    GenerationParams,
+    cache_salt,
+    number,
+    stream_interval,
+    unicode,
+)
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for text completions (not chat's)
 UNSUPPORTED = ("suffix", "logprobs", "best_of", "logit_bias")  # refused when given, never ignored
@@ -60,9 +69,9 @@ class Completions:
         number(body, "n", 1, 1, 1, True, none_is_default=True)  # n must be 1 (or absent): a 400 naming it
         params = GenerationParams(
             max_tokens=number(body, "max_tokens", DEFAULT_MAX_TOKENS, 1, MAX_TOKENS, True, none_is_default=True),
-            seed=number(body, "seed", 0, 0, MAX_SEED, True, none_is_default=True),
+            seed=number(body, "seed", 0, MIN_SEED, MAX_SEED, True, none_is_default=True),
             temperature=number(body, "temperature", 1.0, 0, 2, none_is_default=True),
-            top_p=number(body, "top_p", 1.0, 1e-6, 1, none_is_default=True),
+            top_p=number(body, "top_p", 1.0, 0, 1, none_is_default=True),
             ignore_eos=body.get("ignore_eos") is True,  # vLLM's extension, for measurements
             cache_salt=cache_salt(body),  # vLLM's extension: prefixes.py
         )

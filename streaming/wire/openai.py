@@ -19,7 +19,16 @@ from typing import Any, NamedTuple
 from streaming.wire import sse
 from streaming.wire.apis import ApiRequest, Call, Finish, kind_of, stops
 from streaming.wire.errors import InvalidRequest, ProtocolError
-from streaming.wire.params import MAX_SEED, MAX_TOKENS, GenerationParams, cache_salt, number, stream_interval, unicode
+from streaming.wire.params import (
+    MAX_SEED,
+    MAX_TOKENS,
+    MIN_SEED,
+    GenerationParams,
+    cache_salt,
+    number,
+    stream_interval,
+    unicode,
+)
 from streaming.wire.toolcalls import CALL_CLOSE, CALL_OPEN
 from streaming.wire.tools import call_arguments, call_name, openai_tools
 
@@ -109,9 +118,9 @@ class OpenAI:
         n = body.get("max_tokens") if n is None else n  # (a null max_completion_tokens beside max_tokens)
         params = GenerationParams(
             max_tokens=number({"max_tokens": n}, "max_tokens", 256, 1, MAX_TOKENS, True, none_is_default=True),
-            seed=number(body, "seed", 0, 0, MAX_SEED, True, none_is_default=True),
+            seed=number(body, "seed", 0, MIN_SEED, MAX_SEED, True, none_is_default=True),
             temperature=number(body, "temperature", 1.0, 0, 2, none_is_default=True),
-            top_p=number(body, "top_p", 1.0, 1e-6, 1, none_is_default=True),
+            top_p=number(body, "top_p", 1.0, 0, 1, none_is_default=True),
             ignore_eos=body.get("ignore_eos") is True,  # vLLM's extension, for measurements
             cache_salt=cache_salt(body),  # vLLM's extension: prefixes.py
         )

@@ -21,6 +21,7 @@ from streaming.wire.errors import InvalidRequest
 MAX_TOKENS = 4096  # per request: past it a check fails. Bounds one request's KV cache and time.
 DEFAULT_MAX_TOKENS = 100  # the article's
 MAX_SEED = 2**63 - 1  # a 64-bit integer (decoding.uniform mixes it in 64-bit arithmetic)
+MIN_SEED = -(2**63)  # the OpenAI and Anthropic formats take any 64-bit integer, negative too (as OpenAI's and vLLM's)
 # Pieces per event a request or --stream-interval may ask for: past 64 (~250 characters) the text
 # a reader waits for is a whole sentence behind, and the per-event cost saved is already under 2%.
 MAX_STREAM_INTERVAL = 64
@@ -33,6 +34,9 @@ MAX_CACHE_SALT = 1024
 # overflow float32 (every probability NaN: the step failed, and every request in its batch), and
 # long before that the draw is the largest logit's anyway.
 GREEDY_BELOW = 1e-5
+# A top_p below this keeps the likeliest token alone, as this one does: the OpenAI and Anthropic
+# formats take top_p from 0 (their range), the sampler a nucleus of (0, 1].
+TOP_P_LEAST = 1e-6
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,8 @@ class GenerationParams:
     def __post_init__(self) -> None:
         if self.temperature < GREEDY_BELOW:
             object.__setattr__(self, "temperature", 0.0)
+        if self.top_p < TOP_P_LEAST:
+            object.__setattr__(self, "top_p", TOP_P_LEAST)
 
 
 class PlainRequest(NamedTuple):

@@ -38,7 +38,7 @@ from typing import Any
 from streaming.wire import sse
 from streaming.wire.apis import ApiRequest, Call, Finish, kind_of
 from streaming.wire.errors import InvalidRequest, ProtocolError
-from streaming.wire.params import MAX_SEED, MAX_TOKENS, GenerationParams, cache_salt, number, unicode
+from streaming.wire.params import MAX_SEED, MAX_TOKENS, MIN_SEED, GenerationParams, cache_salt, number, unicode
 from streaming.wire.tools import Tools, call_arguments, call_name, openai_tools
 
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
@@ -145,9 +145,9 @@ class Responses:
             raise InvalidRequest("the input is empty", "input")
         params = GenerationParams(
             max_tokens=number(body, "max_output_tokens", DEFAULT_MAX_OUTPUT, 1, MAX_TOKENS, True, none_is_default=True),
-            seed=number(body, "seed", 0, 0, MAX_SEED, True, none_is_default=True),  # not OpenAI's; for tests
+            seed=number(body, "seed", 0, MIN_SEED, MAX_SEED, True, none_is_default=True),  # not OpenAI's; for tests
             temperature=number(body, "temperature", 1.0, 0, 2, none_is_default=True),
-            top_p=number(body, "top_p", 1.0, 1e-6, 1, none_is_default=True),
+            top_p=number(body, "top_p", 1.0, 0, 1, none_is_default=True),
             ignore_eos=body.get("ignore_eos") is True,  # vLLM's extension, for measurements
             cache_salt=cache_salt(body),  # vLLM's extension: prefixes.py
         )

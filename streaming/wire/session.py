@@ -76,7 +76,8 @@ class Session:
             if isinstance(item, Message):
                 return item
             if item.opcode == PING:
-                self._write(Frame(PONG, item.data))
+                if not self.close_sent:  # (after our close frame nothing goes out: the pong would follow it)
+                    self._write(Frame(PONG, item.data))
                 return item
             if item.opcode == CLOSE:
                 code, reason = parse_close(item.data)

@@ -57,6 +57,8 @@ def handshake(request: Request, allowed_origins: Iterable[str] = ()) -> bytes:
     h = request.headers
     if request.method != "GET":
         raise ProtocolError("a WebSocket handshake must be a GET", 405, headers=[("Allow", "GET")])
+    if request.version == "HTTP/1.0":  # §4.1: "the HTTP version MUST be at least 1.1"
+        raise ProtocolError("a WebSocket handshake needs HTTP/1.1", 400)
     if "websocket" not in [v.strip().lower() for v in h.get("upgrade", "").split(",")]:
         raise ProtocolError("missing Upgrade: websocket", 426, headers=[("Upgrade", "websocket")])
     if "upgrade" not in [v.strip().lower() for v in h.get("connection", "").split(",")]:
