@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
-from streaming import http_client
+from streaming import http_client, options
 from streaming.launch import REPEATS_EXACTLY
 from streaming.qoe import EXPECTED_TTFT, READING_RATE, qoe
 from streaming.wire import http11, sse
@@ -424,9 +424,9 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("command", choices=["measure"], help="measure: each prompt each way, the article's table")
     p.add_argument("--host", default=HOST, help="the server's address")
-    p.add_argument("--port", type=int, default=PORT, help="the server's port")
-    p.add_argument("--prompts", type=int, default=5, help="how many of prompts.json's prompts")
-    p.add_argument("--max-tokens", type=int, default=100, help="tokens asked for each answer")
+    p.add_argument("--port", type=options.PEER_PORT, default=PORT, help="the server's port")
+    p.add_argument("--prompts", type=options.AT_LEAST_ONE, default=5, help="how many of prompts.json's prompts")
+    p.add_argument("--max-tokens", type=options.AT_LEAST_ONE, default=100, help="tokens asked for each answer")
     p.add_argument(
         "--format", choices=["ours", "openai", "anthropic"], default="ours", help="our endpoints, or an API's"
     )
@@ -444,8 +444,6 @@ def main(argv=None):
         "results/measure-HOST.json, so a third party's run does not overwrite ours)",
     )
     args = p.parse_args(argv)
-    if args.prompts < 1 or args.max_tokens < 1:
-        p.error("--prompts and --max-tokens must be at least 1")
     try:
         urlsplit(args.url or "").port  # noqa: B018 - a port past 65535 raises here, not mid-run
     except ValueError as e:

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import client
 from streaming.launch import REPEATS_EXACTLY, Process, Server, python
+from streaming.options import AT_LEAST_ONE, PORT, number
 
 PROMPT = client.prompts(1)[0]  # the lighthouse paragraph
 N = 100  # tokens asked for, as the article
@@ -421,26 +422,27 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("experiment", choices=["leave", "stop", "proxy", "nginx", "page", "replicas", "all"])
     p.add_argument("--host", default=client.HOST)
-    p.add_argument("--port", type=int, default=None, help="the server's port (default 8765; `all`: a free one)")
-    p.add_argument("--proxy-port", type=int, default=None, help="the proxy's port (default 8766; `all`: a free one)")
-    p.add_argument("--naive-port", type=int, default=0, help="`all`: the --naive server's port")
-    p.add_argument("--honor-port", type=int, default=0, help="`all`: the honoring proxy's port")
+    p.add_argument("--port", type=PORT, default=None, help="the server's port (default 8765; `all`: a free one)")
+    p.add_argument("--proxy-port", type=PORT, default=None, help="the proxy's port (default 8766; `all`: a free one)")
+    p.add_argument("--naive-port", type=PORT, default=0, help="`all`: the --naive server's port")
+    p.add_argument("--honor-port", type=PORT, default=0, help="`all`: the honoring proxy's port")
     p.add_argument("--model", default=os.environ.get("LM_MODEL", "bundled"), help="`all`: the servers' model")
     p.add_argument("--dtype", default=None, help="`all`, `replicas`: the servers' dtype")
-    p.add_argument("--prompts", type=int, default=5, help="`all`: prompts for the measure table")
+    p.add_argument("--prompts", type=AT_LEAST_ONE, default=5, help="`all`: prompts for the measure table")
     p.add_argument(
-        "--max-tokens", type=int, default=None, help="tokens per answer: `all`'s measure table (100), `replicas` (200)"
+        "--max-tokens",
+        type=AT_LEAST_ONE,
+        default=None,
+        help="tokens per answer: `all`'s measure table (100), `replicas` (200)",
     )
     p.add_argument(
         "--token-delay",
-        type=float,
+        type=number(float, 0, 60),
         default=0.0,
         help="`replicas`, `nginx`: the replicas' or the plain server's --token-delay",
     )
     p.add_argument("--results", default="results", help="`all`: folder for experiments.json and timeline.png")
     args = p.parse_args(argv)
-    if args.prompts < 1 or (args.max_tokens is not None and args.max_tokens < 1) or not 0 <= args.token_delay < 60:
-        p.error("--prompts and --max-tokens must be at least 1, --token-delay from 0 to 60 s")
     if args.experiment in ("all", "nginx", "page", "replicas"):
         args.port = args.port or 0
         args.proxy_port = args.proxy_port or 0

@@ -17,9 +17,9 @@ and everything else a real proxy does.
 
 import argparse
 import asyncio
-import math
 
 from streaming.http_client import failure
+from streaming.options import AT_LEAST_ONE, PEER_PORT, PORT, SECONDS
 from streaming.wire.http11 import HEAD_END, response
 
 BLOCK = 8192  # bytes: one memory page of nginx's proxy buffers on many systems
@@ -108,22 +108,14 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--honor", action="store_true", help="pass through responses with X-Accel-Buffering: no")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8766, help="0 picks a free port (printed)")
+    p.add_argument("--port", type=PORT, default=8766, help="0 picks a free port (printed)")
     p.add_argument("--upstream-host", default="127.0.0.1")
-    p.add_argument("--upstream-port", type=int, default=8765)
-    p.add_argument("--block", type=int, default=BLOCK, help="bytes forwarded at a time")
-    p.add_argument("--connect-timeout", type=float, default=CONNECT_TIMEOUT, help="seconds (504 past it)")
-    p.add_argument("--read-timeout", type=float, default=READ_TIMEOUT, help="seconds between upstream reads")
-    p.add_argument("--send-timeout", type=float, default=SEND_TIMEOUT, help="seconds for a client to take a block")
-    args = p.parse_args(argv)
-    if args.block < 1:
-        p.error("--block must be at least 1 byte")
-    for name in ("connect_timeout", "read_timeout", "send_timeout"):
-        if not 0 < getattr(args, name) < math.inf:
-            p.error(f"--{name.replace('_', '-')} must be more than 0 seconds, and finite")
-    if not (0 <= args.port <= 65535 and 1 <= args.upstream_port <= 65535):
-        p.error("--port must be from 0 to 65535, --upstream-port from 1 to 65535")
-    return args
+    p.add_argument("--upstream-port", type=PEER_PORT, default=8765)
+    p.add_argument("--block", type=AT_LEAST_ONE, default=BLOCK, help="bytes forwarded at a time")
+    p.add_argument("--connect-timeout", type=SECONDS, default=CONNECT_TIMEOUT, help="seconds (504 past it)")
+    p.add_argument("--read-timeout", type=SECONDS, default=READ_TIMEOUT, help="seconds between upstream reads")
+    p.add_argument("--send-timeout", type=SECONDS, default=SEND_TIMEOUT, help="seconds for a client to take a block")
+    return p.parse_args(argv)
 
 
 async def serve(args):

@@ -18,7 +18,6 @@ formats on the wire; the README's Layout lists every module).
 
 import argparse
 import asyncio
-import math
 import sys
 
 import lm
@@ -38,6 +37,7 @@ from streaming.generation.speculation import MAX_SPECULATE, SPECULATE
 from streaming.generation.upstream.pool import FIRST_TEXT, SILENCE, Upstream
 from streaming.lossy import outlive_readers
 from streaming.model.loading import load_and_say
+from streaming.options import AT_LEAST_ONE, COUNT, PAUSE, PORT, SECONDS, number
 from streaming.server.answer import LOG_KEEP
 from streaming.server.config import (
     BACKLOG,
@@ -57,31 +57,6 @@ from streaming.wire.http11 import MAX_BODY, REQUEST_TIMEOUT
 from streaming.wire.params import MAX_STREAM_INTERVAL
 
 
-def number(kind, least, most=math.inf, above=False):
-    """An option's type: a `kind` number from `least` (or `above` it) to `most`, finite. A timeout
-    of 0 fired at once (nothing was ever answered), a ping of 0 sent keep-alives every turn of the
-    loop, a token delay of -1 killed the engine's thread before the server was ready, a port of
-    70000 was Python's OverflowError: each is now a usage error that says the range."""
-
-    def parse(value):
-        x = kind(value)  # (not a number: argparse says "invalid parse value")
-        finite = not isinstance(x, float) or math.isfinite(x)  # (an int of 400 digits: no float, no OverflowError)
-        if not (finite and (x > least if above else x >= least) and x <= most):
-            bound = f"more than {least}" if above else f"at least {least}"
-            most_said = f" and at most {most}" if most < math.inf else ""
-            raise argparse.ArgumentTypeError(f"{value!r}: must be {bound}{most_said}, and finite")
-        return x
-
-    parse.__name__ = kind.__name__  # (argparse names the type in "invalid int value: 'x'")
-    return parse
-
-
-SECONDS = number(float, 0, above=True)  # timeouts and intervals
-PAUSE = number(float, 0)  # delays, graces: 0 is none
-COUNT = number(int, 0)
-PORT = number(int, 0, 65535)
-
-
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--naive", action="store_true", help="the article's naive server: never notices a reader leaving")
@@ -96,21 +71,6 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.queue and args.engine in ("batched", "process"):
         p.error("--queue bounds a generation thread; use it with --engine thread")
-    counts = (args.max_batch, args.prefill_chunk, args.prefill_budget, args.keepalive_requests, args.log_keep)
-    if min(n for n in counts if n is not None) < 1:  # (--max-batch left out: sized for the device)
-        p.error(
-            "--max-batch, --prefill-chunk, --prefill-budget, --keepalive-requests and --log-keep must be at least 1"
-        )
-    if not 1 <= args.stream_interval <= MAX_STREAM_INTERVAL:
-        p.error(f"--stream-interval must be from 1 to {MAX_STREAM_INTERVAL}")
-    if not 0 <= args.speculate <= MAX_SPECULATE:
-        p.error(f"--speculate must be from 0 to {MAX_SPECULATE}")
-    if args.max_waiting < 0:
-        p.error("--max-waiting must be 0 (refuse whenever the batch is full) or more")
-    if args.kv_memory is not None and not 0 < args.kv_memory < math.inf:
-        p.error("--kv-memory must be more than 0 GiB (and finite)")
-    if not 0 <= args.retain_memory < math.inf:
-        p.error("--retain-memory must be 0 GiB or more (and finite)")
     if (args.engine == "upstream") != bool(args.upstream):
         p.error("--engine upstream and --upstream URL go together")
     for url in args.upstream:
@@ -134,20 +94,20 @@ def engine_options(g):
     upstream_options(g)
     g.add_argument(
         "--max-waiting",
-        type=int,
+        type=COUNT,
         default=MAX_WAITING,
         help="batched: requests that may wait for a place; past it 503 with Retry-After (a balancer tries another)",
     )
     batch_sizing_options(g)
     g.add_argument(
         "--prefill-chunk",
-        type=int,
+        type=AT_LEAST_ONE,
         default=PREFILL_CHUNK,
         help="batched: a longer prompt joins at most N tokens a step",
     )
     g.add_argument(
         "--prefill-budget",
-        type=int,
+        type=AT_LEAST_ONE,
         default=PREFILL_BUDGET,
         help="batched: prompt tokens that ride in a step's pass (a burst joins in a few steps)",
     )
@@ -159,7 +119,7 @@ def engine_options(g):
     )
     g.add_argument(
         "--speculate",
-        type=int,
+        type=number(int, 0, MAX_SPECULATE),
         default=SPECULATE,
         help="batched: guessed tokens (looked up in each answer's own text) a step of a batch of at most N rows may carry "
         "and keep where the row's sampling agrees; 0: none",
@@ -167,7 +127,7 @@ def engine_options(g):
     g.add_argument("--queue", type=COUNT, default=0, help="thread engine: bound each request's queue to N pieces")
     g.add_argument(
         "--stream-interval",
-        type=int,
+        type=number(int, 1, MAX_STREAM_INTERVAL),
         default=1,
         help=f"text pieces per event after the first (1 to {MAX_STREAM_INTERVAL}; a request may say its own)",
     )
@@ -220,7 +180,9 @@ def limit_options(g):
         help=f"bytes all arriving bodies may hold (>= {MAX_BODY})",
     )
     g.add_argument("--keepalive-timeout", type=SECONDS, default=KEEPALIVE_TIMEOUT, help="idle S s, then close")
-    g.add_argument("--keepalive-requests", type=int, default=KEEPALIVE_REQUESTS, help="requests on one connection")
+    g.add_argument(
+        "--keepalive-requests", type=AT_LEAST_ONE, default=KEEPALIVE_REQUESTS, help="requests on one connection"
+    )
     g.add_argument("--shutdown-grace", type=PAUSE, default=SHUTDOWN_GRACE, help="on SIGTERM, let answers finish S s")
     g.add_argument(
         "--shutdown-end",
@@ -228,7 +190,7 @@ def limit_options(g):
         default=SHUTDOWN_END,
         help="after the grace, S s for the answers cut short to write their end (an error); then they are dropped",
     )
-    g.add_argument("--log-keep", type=int, default=LOG_KEEP, help="answers GET /log keeps (the latest N)")
+    g.add_argument("--log-keep", type=AT_LEAST_ONE, default=LOG_KEEP, help="answers GET /log keeps (the latest N)")
 
 
 def access_options(g):
@@ -265,14 +227,14 @@ def batch_sizing_options(g):
     """The batch's size and KV budget: left out, sized for the model's device (config_of, the engine)."""
     g.add_argument(
         "--max-batch",
-        type=int,
+        type=AT_LEAST_ONE,
         default=None,
         help=f"batched: requests per step; more wait (default {MAX_BATCH}; {BF16_CPU_MAX_BATCH} in bfloat16 on a CPU"
         f" with native bfloat16, {GPU_MAX_BATCH} on CUDA)",
     )
     g.add_argument(
         "--kv-memory",
-        type=float,
+        type=number(float, 0, above=True),
         default=None,
         metavar="GIB",
         help="batched: KV cache the batch may come to hold, in GiB; a request that would pass it waits its turn "
@@ -280,7 +242,7 @@ def batch_sizing_options(g):
     )
     g.add_argument(
         "--retain-memory",
-        type=float,
+        type=number(float, 0),
         default=RETAIN_MEMORY / 2**30,
         metavar="GIB",
         help="batched: ended answers' keys and values kept, in GiB, so that a conversation's next turn copies "

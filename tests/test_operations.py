@@ -2,6 +2,7 @@
 with values that match what was served; /health and /ready through loading, serving and
 draining; and command-line mistakes ending in one line and a non-zero exit."""
 
+import importlib
 import json
 import signal
 import socket
@@ -147,16 +148,34 @@ BAD_OPTIONS = [
     ("--resume-grace", "-2"),
     ("--upstream-silence", "0"),
     ("--fail-after", "-5"),
+    ("--max-batch", "0"),
+    ("--kv-memory", "inf"),
+    ("--speculate", "99"),
+    ("--stream-interval", "0"),
+]
+# The other scripts' options take the same types (streaming/options.py): each said its own words, or none
+SCRIPT_OPTIONS = [
+    ("proxy", ["--block", "0"]),
+    ("proxy", ["--upstream-port", "0"]),
+    ("proxy", ["--read-timeout", "nan"]),
+    ("client", ["measure", "--port", "70000"]),
+    ("client", ["measure", "--prompts", "0"]),
+    ("experiments", ["leave", "--token-delay", "61"]),
+    ("experiments", ["all", "--naive-port", "-1"]),
 ]
 
 
-@pytest.mark.parametrize("option,value", BAD_OPTIONS)
-def test_an_option_out_of_its_range_is_a_usage_error_that_says_the_range(option, value, capsys):
-    import server
+def parse(script, argv):
+    module = importlib.import_module(script)
+    return (module.parse_args if hasattr(module, "parse_args") else module.main)(argv)
 
+
+@pytest.mark.parametrize("script,argv", [("server", list(o)) for o in BAD_OPTIONS] + SCRIPT_OPTIONS)
+def test_an_option_out_of_its_range_is_a_usage_error_that_says_the_range(script, argv, capsys):
     with pytest.raises(SystemExit) as e:
-        server.parse_args([option, value])
+        parse(script, argv)
     said = capsys.readouterr().err
+    option, value = argv[-2:]
     assert e.value.code == 2 and f"argument {option}: {value!r}: must be" in said, said
 
 
