@@ -467,6 +467,43 @@ def test_a_burst_joins_in_one_step_within_the_budget_and_gives_each_its_text_alo
     assert texts == texts_half == alone(net, 8)
 
 
+def test_a_failed_step_fails_the_prompts_it_began_and_those_not_begun_join_after_it():
+    """A step fails (its pass raised): its rows and the prompts with a slot fail, and the prompts
+    that were in no pass (the budget took the first four) join at the next step and get their texts
+    alone. They failed with the others."""
+    net = ExactModel(lm.load_tokenizer())
+    lengths = [len(ids(i)) for i in range(8)]
+
+    async def run():
+        e, jobs, clock = stepped(net, Fifo(sum(lengths[:4])), 8)
+        forward = e.batch.forward
+
+        def fails(*_):
+            e.batch.forward = forward  # once
+            raise RuntimeError("a kernel failed")
+
+        e.batch.forward = fails
+        with torch.inference_mode():
+            try:
+                e.batch.step()
+            except RuntimeError as error:
+                e.batch.fail(error)  # (as the engine's thread does)
+            assert len(e.batch.joining) == 4 and not e.batch.rows
+            while e.batch.rows or e.batch.joining:
+                clock.now += 0.2
+                e.batch.step()
+        got = []
+        for j in jobs:
+            try:
+                got.append(await job_text(j))
+            except RuntimeError as error:
+                got.append(str(error))
+        return got
+
+    got = asyncio.run(run())
+    assert got[:4] == ["a kernel failed"] * 4 and got[4:] == alone(net, 8)[4:]
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_rows_that_sit_steps_out_keep_their_text_and_a_stop_holds_within_a_step(dtype):
     net = ExactModel(lm.load_tokenizer()).to(dtype)

@@ -160,15 +160,17 @@ class Batch:
         return fits([len(r.ids) + r.planned for r in [*self.rows, *self.joining, row]], self.model.net, self.kv_memory)
 
     def fail(self, error: BaseException) -> None:
-        """A step failed: every request in it fails, the batch starts empty (the engine goes on).
-        A row that ended in the step before it failed keeps its end (it was ended twice: counted
+        """A step failed: every request in it fails (the rows, and the prompts begun: their keys go
+        with the slots), the batch starts empty (the engine goes on). A prompt not begun (no slot:
+        it was in no pass) waits on and joins at the next step: it had failed with the others. A
+        row that ended in the step before it failed keeps its end (it was ended twice: counted
         twice, and an error put after its end)."""
-        for row in list(self.rows) + list(self.joining):
+        for row in [*self.rows, *(r for r in self.joining if r.slot is not None)]:
             if not row.done:
                 row.end(error=error)
         self.rows = []
         self.kv.clear()  # every slot freed
-        self.joining.clear()
+        self.joining = collections.deque(r for r in self.joining if r.slot is None and not r.done)
 
     def step(self) -> None:
         """The stop flags, then one pass: the rows the policy runs and the prompts that join (a
