@@ -138,8 +138,23 @@ class Answer:
         self.watcher: asyncio.Task[None] | None = None
         self.left = False  # the reader went away: no end is sent
         self.produced = 0  # tokens generated, once the answer is over
+        self.matched_at: int | None = None  # a stop string ended it: the tokens come by then (counted())
         self.arrivals: list[float] = []  # when each piece reached the loop, seconds since the request
         self.kept: list[Item] = []  # the end or a failure that ready() took from the queue: pieces() says it
+
+    def matched(self, job: Job) -> None:
+        """A stop string ended the answer: its job stops, and its usage counts the tokens come so
+        far (the first match's count: pieces that still come are dropped)."""
+        if self.matched_at is None:
+            self.matched_at = job.produced
+        job.stop.set()
+
+    def counted(self) -> int:
+        """The tokens its usage counts: those generated; where a stop string ended it, those come
+        when it matched, through the one that completed the string, as vLLM counts (the one or two
+        generated before the engine saw the stop, more with guessed tokens, were for nobody; and
+        job.stop.at is the engine process's count when the stop reached it, later)."""
+        return self.produced if self.matched_at is None else min(self.produced, self.matched_at)
 
     async def __aenter__(self) -> Answer:
         if self.watched is not None:
@@ -245,7 +260,7 @@ class Answer:
                         self.job.stop.set()
                         return False
             if matcher is not None and matcher.matched is not None:
-                self.job.stop.set()
+                self.matched(self.job)
                 return False
             return True
 

@@ -65,16 +65,6 @@ def reader_prefill(ctx: Context, job: Job) -> str:
     return job.prompt.prefill if job.prompt is not None and ctx.backend.pool is None else ""
 
 
-def counted(job: Job, answer: Answer, out: AnswerStream) -> int:
-    """The tokens an answer's usage counts: those generated; where a stop string ended it, those
-    that had come when the match stopped it (job.stop.at), through the one that completed the
-    string, as vLLM counts: the one or two generated before the engine saw the stop (more with
-    guessed tokens) were for nobody."""
-    if out.matched is not None and job.stop.at is not None:
-        return min(answer.produced, job.stop.at)
-    return answer.produced
-
-
 def id_prefix(fmt: Format) -> str:
     return "toolu_" if fmt.name == "anthropic" else "call_"  # each API's call ids look like its own
 
@@ -85,13 +75,13 @@ async def whole(ctx: Context, ex: Exchange, fmt: Format, api: ApiRequest, job: J
         async for piece in answer.pieces():  # (a failure: a 500, or an upstream's 502/504, before any byte)
             out.push(piece)
             if out.matched is not None:
-                job.stop.set()
+                answer.matched(job)
                 break
         out.flush()
     if answer.left:
         return
     finish = fmt.finish(job.reason, out.matched, out.called)
-    value = fmt.whole(model_id(ctx), out.text, finish, job.prompt_tokens, counted(job, answer, out), out.calls)
+    value = fmt.whole(model_id(ctx), out.text, finish, job.prompt_tokens, answer.counted(), out.calls)
     ex.respond_json(200, value)
 
 
@@ -105,7 +95,7 @@ async def stream(ctx: Context, ex: Exchange, fmt: Format, api: ApiRequest, job: 
     async def deliver(piece: str) -> bool:
         data = out.push(piece)
         if out.matched is not None:
-            job.stop.set()  # (the pieces that still come are dropped)
+            answer.matched(job)  # (the pieces that still come are dropped)
         return await ex.send(data) if data else True
 
     async def keep_alive() -> bool:
@@ -121,4 +111,4 @@ async def stream(ctx: Context, ex: Exchange, fmt: Format, api: ApiRequest, job: 
     if not answer.left:
         enc.prompt_tokens = job.prompt_tokens  # again: an upstream's count arrives with its last chunk
         ex.end_stream()
-        await ex.send(enc.end(fmt.finish(job.reason, out.matched, out.called), counted(job, answer, out)))
+        await ex.send(enc.end(fmt.finish(job.reason, out.matched, out.called), answer.counted()))
