@@ -470,7 +470,8 @@ def test_a_burst_joins_in_one_step_within_the_budget_and_gives_each_its_text_alo
 def test_a_failed_step_fails_the_prompts_it_began_and_those_not_begun_join_after_it():
     """A step fails (its pass raised): its rows and the prompts with a slot fail, and the prompts
     that were in no pass (the budget took the first four) join at the next step and get their texts
-    alone. They failed with the others."""
+    alone. They failed with the others. But once only: what fails before they have slots would fail
+    at every step, the engine stepping on for ever."""
     net = ExactModel(lm.load_tokenizer())
     lengths = [len(ids(i)) for i in range(8)]
 
@@ -502,6 +503,23 @@ def test_a_failed_step_fails_the_prompts_it_began_and_those_not_begun_join_after
 
     got = asyncio.run(run())
     assert got[:4] == ["a kernel failed"] * 4 and got[4:] == alone(net, 8)[4:]
+
+    async def before_any_slot():  # what fails before the prompts have slots fails them at its second step
+        e, jobs, _ = stepped(net, Fifo(sum(lengths)), 3)
+
+        def fails(*_):
+            raise RuntimeError("no room")
+
+        e.batch.pieces = fails
+        for left in (3, 0):
+            try:
+                e.batch.step()
+            except RuntimeError as error:
+                e.batch.fail(error)
+            assert len(e.batch.joining) == left
+        return [j.ended.is_set() for j in jobs]
+
+    assert asyncio.run(before_any_slot()) == [True] * 3
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

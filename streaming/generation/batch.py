@@ -70,6 +70,7 @@ class Row:
         self.lookup = Lookup(self.ids)  # its text, where its guesses come from (speculation.py)
         self.guesses: list[int] = []  # fed after `next` at this step
         self.match = 0  # the length of the text's tail they were looked up by
+        self.spared = False  # a failed step left it waiting, its prompt not begun (Batch.fail): once
 
     @property
     def delivered(self) -> int:
@@ -162,15 +163,20 @@ class Batch:
     def fail(self, error: BaseException) -> None:
         """A step failed: every request in it fails (the rows, and the prompts begun: their keys go
         with the slots), the batch starts empty (the engine goes on). A prompt not begun (no slot:
-        it was in no pass) waits on and joins at the next step: it had failed with the others. A
-        row that ended in the step before it failed keeps its end (it was ended twice: counted
-        twice, and an error put after its end)."""
-        for row in [*self.rows, *(r for r in self.joining if r.slot is not None)]:
-            if not row.done:
+        it was in no pass) waits on and joins at the next step: it had failed with the others. But
+        once only: what fails before a prompt has its slot (its slot's room, a shared beginning's
+        pass) fails again at every step, and the engine stepped on for ever, nobody's answer
+        ending. A row that ended in the step before it failed keeps its end (it was ended twice:
+        counted twice, and an error put after its end)."""
+        spared = [r for r in self.joining if r.slot is None and not r.spared and not r.done]
+        for row in [*self.rows, *self.joining]:
+            if not row.done and row not in spared:
                 row.end(error=error)
+        for row in spared:
+            row.spared = True
         self.rows = []
         self.kv.clear()  # every slot freed
-        self.joining = collections.deque(r for r in self.joining if r.slot is None and not r.done)
+        self.joining = collections.deque(spared)
 
     def step(self) -> None:
         """The stop flags, then one pass: the rows the policy runs and the prompts that join (a

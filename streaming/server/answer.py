@@ -138,22 +138,25 @@ class Answer:
         self.watcher: asyncio.Task[None] | None = None
         self.left = False  # the reader went away: no end is sent
         self.produced = 0  # tokens generated, once the answer is over
-        self.matched_at: int | None = None  # a stop string ended it: the tokens come by then (counted())
+        self.taken = 0  # token ids of the pieces taken from the job so far (a Piece's ids)
+        self.matched_at: int | None = None  # a stop string ended it: the tokens taken by then (counted())
         self.arrivals: list[float] = []  # when each piece reached the loop, seconds since the request
         self.kept: list[Item] = []  # the end or a failure that ready() took from the queue: pieces() says it
 
     def matched(self, job: Job) -> None:
-        """A stop string ended the answer: its job stops, and its usage counts the tokens come so
-        far (the first match's count: pieces that still come are dropped)."""
+        """A stop string ended the answer: its job stops, and its usage counts the tokens of the
+        pieces taken so far (the first match's count: pieces that still come are dropped). Pieces
+        without ids (an upstream's, --engine free's) leave the job's count."""
         if self.matched_at is None:
-            self.matched_at = job.produced
+            self.matched_at = self.taken or job.produced
         job.stop.set()
 
     def counted(self) -> int:
-        """The tokens its usage counts: those generated; where a stop string ended it, those come
-        when it matched, through the one that completed the string, as vLLM counts (the one or two
-        generated before the engine saw the stop, more with guessed tokens, were for nobody; and
-        job.stop.at is the engine process's count when the stop reached it, later)."""
+        """The tokens its usage counts: those generated; where a stop string ended it, those of the
+        pieces through the one that completed it, as vLLM counts (of the event's pieces, where the
+        reader fell behind and they went as one). Not the job's count then: the engine runs ahead
+        of the loop (guessed tokens, a queue), and the tokens it made before it saw the stop were
+        for nobody."""
         return self.produced if self.matched_at is None else min(self.produced, self.matched_at)
 
     async def __aenter__(self) -> Answer:
@@ -209,7 +212,7 @@ class Answer:
             if isinstance(item, BaseException):  # the engine's own failure: Python's words, for the log only
                 print(f"{self.path}: generation failed: {item!r}", flush=True)
                 raise ProtocolError(FAILED, 500, close_code=1011, kind="generation_failed")
-            self.arrived()
+            self.arrived(item)
             yield item  # a Piece (with its token ids), or plain text (--engine free)
 
     async def ready(self) -> str | None:
@@ -221,11 +224,12 @@ class Answer:
         if item is None or isinstance(item, BaseException):
             self.kept.append(item)
             return None
-        self.arrived()
+        self.arrived(item)
         return item
 
-    def arrived(self) -> None:
-        """A piece reached the answer now: its time, and the gap since the one before."""
+    def arrived(self, piece: str) -> None:
+        """A piece reached the answer now: its time, the gap since the one before, its tokens."""
+        self.taken += len(getattr(piece, "ids", ()))
         now = time.monotonic() - self.job.created
         if self.arrivals:
             self.answers.metrics.gaps.observe(now - self.arrivals[-1])
