@@ -389,14 +389,14 @@ def start(args) -> dict:
     servers: dict = {}
     try:
         started(args, servers)
-    except BaseException:  # (one that did not start: those up before it are stopped, not left running)
+        for name, s in servers.items():
+            s["port"] = s["process"].port
+            if s["ours"]:  # what its defaults chose (choice.default_dtype, default_quantize)
+                m = asyncio.run(client.get_json("/metrics.json", "127.0.0.1", s["port"]))
+                print(f"{name}: {m.get('dtype')}, --quantize {m.get('quantize')}", flush=True)
+    except BaseException:  # (one that did not start, or answer: those up are stopped, not left running)
         stop(servers)
         raise
-    for name, s in servers.items():
-        s["port"] = s["process"].port
-        if s["ours"]:  # what its defaults chose (choice.default_dtype, default_quantize)
-            m = asyncio.run(client.get_json("/metrics.json", "127.0.0.1", s["port"]))
-            print(f"{name}: {m.get('dtype')}, --quantize {m.get('quantize')}", flush=True)
     return servers
 
 
