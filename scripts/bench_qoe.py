@@ -35,7 +35,9 @@ between pieces, tokens a second (by usage), and the ratio to the peer. Headlines
 rate (the highest with mean QoE >= 0.95), readers served (the largest burst with 95% at >= 0.95),
 and the issue's goals, each said met or not (the overload goal at the lowest measured rate of at
 least twice the peer's sustainable one; where the peer held no rate, the most its ratio can be,
-from the peer's QoE at the lowest measured rate at or past twice the lowest). A peer's headline of
+from the peer's QoE at the lowest measured rate at or past twice the lowest). Where a quantized
+config runs beside its dense twin (`qoe+w8a8` and `qoe`), issue 22 §4 is judged too: never worse
+at any load (its mean QoE at every load, a lone reader's tokens a second; against_dense). A peer's headline of
 0 (no rate held, no burst served) is read as a bound: below the lowest level measured, so the ratio
 is "more than" ours over that level. The steady-load check (issue 22 §3): each Poisson load on
 this server against a burst of as many readers at once (the bursts of the whole counts on either
@@ -137,6 +139,10 @@ MIN_WINDOW = 20.0  # seconds of steady state (steady_window) for its own figures
 # tokens/s moved by 5% between runs of the same hour (run46u: 438.4 for 61 readers where run46s
 # had 416.2 for 59), as much as the effects the check is for.
 STEADY_BURSTS = 2
+# §4: a quantized mode never worse than its dense twin (the same config without "+MODE") at any
+# load: its mean QoE not lower at three decimals (what the table shows), and a lone reader's tokens
+# a second not lower. Strict: a difference inside the noise counts against it, as a reader would.
+QUANTIZED = ("+int8", "+w8a8", "+int4", "+fp16", "+bf16")
 
 
 def extra(ours: bool, tokens: int) -> dict:
@@ -815,6 +821,51 @@ def compare(heads: dict) -> dict:
     return verdicts
 
 
+def twin(name: str) -> str | None:
+    """A quantized config's dense twin: "this server, qoe+w8a8" -> "this server, qoe"."""
+    mode = next((m for m in QUANTIZED if m in name), None)
+    return name.replace(mode, "", 1) if mode else None
+
+
+def against_dense(by_server: dict) -> dict:
+    """§4, judged where a quantized config ran beside its dense twin (QUANTIZED): at each load its
+    mean QoE and TTFT p99 beside the twin's, the loads where its QoE was lower, and a lone reader's
+    tokens a second; met where neither was ever lower."""
+    verdicts = {}
+    for name, loads_ in by_server.items():
+        dense = by_server.get(twin(name) or "")
+        if dense is None:
+            continue
+        behind, said = [], []
+        for load, f in loads_.items():
+            d = dense.get(load)
+            if not (f and d) or "qoe_mean" not in f or "qoe_mean" not in d:
+                continue
+            lower = round(f["qoe_mean"], 3) < round(d["qoe_mean"], 3)
+            slower = load.startswith("single") and (f.get("single_tokens_per_s") or 0) < (
+                d.get("single_tokens_per_s") or 0
+            )
+            if lower or slower:
+                behind.append(load)
+            said.append(
+                f"{load}: {f['qoe_mean']:.3f} / {d['qoe_mean']:.3f}, TTFT p99 {f['ttft_p99'] or 0:.2f} / {d['ttft_p99'] or 0:.2f} s"
+                + (
+                    f", {f['single_tokens_per_s']:.2f} / {d['single_tokens_per_s']:.2f} tok/s"
+                    if load.startswith("single")
+                    else ""
+                )
+                + (" (behind)" if load in behind else "")
+            )
+        met = not behind
+        print(
+            f"  {name} against {twin(name)} (§4: never worse at any load, mean QoE, a lone reader's tokens/s): "
+            f"{'met' if met else 'NOT met, behind at ' + ', '.join(behind)}\n    " + "; ".join(said),
+            flush=True,
+        )
+        verdicts[name] = {"against": twin(name), "met": met, "behind": behind}
+    return verdicts
+
+
 def goal_ratio(mine, theirs, below) -> tuple[float | None, str, bool]:
     """Ours over the peer's, how to say it, and whether it is a bound: a plain ratio; a bound
     ("more than") where the peer's 0 means "below the lowest level measured" (BELOW); infinite
@@ -975,6 +1026,7 @@ def main(argv=None):
         stop(servers)
     out["headlines"] = headlines(out["servers"])
     out["goals"] = compare(out["headlines"])
+    out["quantized"] = against_dense(out["servers"])
     saved = Path(args.results) / "qoe.json"
     client.save(saved, out)
     picture = plot(out, Path(args.results) / "qoe.png")
