@@ -71,17 +71,17 @@ def id_prefix(fmt: Format) -> str:
 
 async def whole(ctx: Context, ex: Exchange, fmt: Format, api: ApiRequest, job: Job) -> None:
     out = answer_stream(ctx, fmt, api, job)
-    async with Answer(ctx.answers, job, ex.request.path, watch=ex.conn, whole=True) as answer:
-        async for piece in answer.pieces():  # (a failure: a 500, or an upstream's 502/504, before any byte)
+    async with Answer(ctx.answers, job, ex.request.path, watch=ex.conn, whole=True) as reply:
+        async for piece in reply.pieces():  # (a failure: a 500, or an upstream's 502/504, before any byte)
             out.push(piece)
             if out.matched is not None:
-                answer.matched(job)
+                reply.matched(job)
                 break
         out.flush()
-    if answer.left:
+    if reply.left:
         return
     finish = fmt.finish(job.reason, out.matched, out.called)
-    value = fmt.whole(model_id(ctx), out.text, finish, job.prompt_tokens, answer.counted(), out.calls)
+    value = fmt.whole(model_id(ctx), out.text, finish, job.prompt_tokens, reply.counted(), out.calls)
     ex.respond_json(200, value)
 
 
@@ -95,20 +95,20 @@ async def stream(ctx: Context, ex: Exchange, fmt: Format, api: ApiRequest, job: 
     async def deliver(piece: str) -> bool:
         data = out.push(piece)
         if out.matched is not None:
-            answer.matched(job)  # (the pieces that still come are dropped)
+            reply.matched(job)  # (the pieces that still come are dropped)
         return await ex.send(data) if data else True
 
     async def keep_alive() -> bool:
         return await ex.send(enc.keep_alive(ping_note(ctx.backend.position(job))))
 
-    async with Answer(ctx.answers, job, ex.request.path, watch=ex.conn) as answer:
+    async with Answer(ctx.answers, job, ex.request.path, watch=ex.conn) as reply:
         ex.start_stream(sse.RESPONSE_FIELDS, ending)
-        answer.left = not await ex.send(enc.start())
-        if not answer.left:
-            await answer.relay(deliver, keep_alive, merging=ctx.config.merging(api.stream_interval), outlet=ex)
-            if not answer.left and (rest := out.flush()):
-                answer.left = not await ex.send(rest)
-    if not answer.left:
+        reply.left = not await ex.send(enc.start())
+        if not reply.left:
+            await reply.relay(deliver, keep_alive, merging=ctx.config.merging(api.stream_interval), outlet=ex)
+            if not reply.left and (rest := out.flush()):
+                reply.left = not await ex.send(rest)
+    if not reply.left:
         enc.prompt_tokens = job.prompt_tokens  # again: an upstream's count arrives with its last chunk
         ex.end_stream()
-        await ex.send(enc.end(fmt.finish(job.reason, out.matched, out.called), answer.counted()))
+        await ex.send(enc.end(fmt.finish(job.reason, out.matched, out.called), reply.counted()))
