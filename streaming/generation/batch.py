@@ -70,7 +70,7 @@ class Row:
         self.lookup = Lookup(self.ids)  # its text, where its guesses come from (speculation.py)
         self.guesses: list[int] = []  # fed after `next` at this step
         self.match = 0  # the length of the text's tail they were looked up by
-        self.spared = False  # a failed step left it waiting, its prompt not begun (Batch.fail): once
+        self.spared = False  # a failed step left it waiting, its prompt not begun (spare_once): once only
 
     @property
     def delivered(self) -> int:
@@ -162,18 +162,14 @@ class Batch:
 
     def fail(self, error: BaseException) -> None:
         """A step failed: every request in it fails (the rows, and the prompts begun: their keys go
-        with the slots), the batch starts empty (the engine goes on). A prompt not begun (no slot:
-        it was in no pass) waits on and joins at the next step: it had failed with the others. But
-        once only: what fails before a prompt has its slot (its slot's room, a shared beginning's
-        pass) fails again at every step, and the engine stepped on for ever, nobody's answer
-        ending. A row that ended in the step before it failed keeps its end (it was ended twice:
+        with the slots), the batch starts empty but for the prompts spare_once() keeps (the engine
+        goes on). A row that ended in the step before it failed keeps its end (it was ended twice:
         counted twice, and an error put after its end)."""
-        spared = [r for r in self.joining if r.slot is None and not r.spared and not r.done]
+        spared = spare_once(self.joining)
+        kept = {id(r) for r in spared}
         for row in [*self.rows, *self.joining]:
-            if not row.done and row not in spared:
+            if not row.done and id(row) not in kept:
                 row.end(error=error)
-        for row in spared:
-            row.spared = True
         self.rows = []
         self.kv.clear()  # every slot freed
         self.joining = collections.deque(spared)
@@ -317,6 +313,17 @@ class Batch:
                     self.start(row, donor, share)
             retire(gone, self.kv, self.prefixes)
         self.rows = [r for r in self.rows if not r.done]
+
+
+def spare_once(joining: collections.deque[Row]) -> list[Row]:
+    """The prompts a failed step leaves waiting, to join at the next step: those not begun (no
+    slot: they were in no pass), each once. What fails before a prompt has its slot (its slot's
+    room, a shared beginning's pass) fails again at every step: spared every time, the engine
+    stepped on for ever, nobody's answer ending."""
+    spared = [r for r in joining if r.slot is None and not r.spared and not r.done]
+    for row in spared:
+        row.spared = True
+    return spared
 
 
 def retire(gone: list[Row], kv: SlotKV, prefixes: Prefixes) -> None:
