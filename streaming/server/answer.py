@@ -143,13 +143,13 @@ class Answer:
         self.arrivals: list[float] = []  # when each piece reached the loop, seconds since the request
         self.kept: list[Item] = []  # the end or a failure that ready() took from the queue: pieces() says it
 
-    def matched(self, job: Job) -> None:
+    def matched(self) -> None:
         """A stop string ended the answer: its job stops, and its usage counts the tokens of the
         pieces taken so far (the first match's count: pieces that still come are dropped). Pieces
         without ids (an upstream's, --engine free's) leave the job's count."""
         if self.matched_at is None:
-            self.matched_at = self.taken or job.produced
-        job.stop.set()
+            self.matched_at = self.taken or self.job.produced
+        self.job.stop.set()
 
     def counted(self) -> int:
         """The tokens its usage counts: those generated; where a stop string ended it, those of the
@@ -264,7 +264,7 @@ class Answer:
                         self.job.stop.set()
                         return False
             if matcher is not None and matcher.matched is not None:
-                self.matched(self.job)
+                self.matched()
                 return False
             return True
 

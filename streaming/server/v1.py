@@ -75,7 +75,7 @@ async def whole(ctx: Context, ex: Exchange, fmt: Format, api: ApiRequest, job: J
         async for piece in reply.pieces():  # (a failure: a 500, or an upstream's 502/504, before any byte)
             out.push(piece)
             if out.matched is not None:
-                reply.matched(job)
+                reply.matched()
                 break
         out.flush()
     if reply.left:
@@ -95,7 +95,7 @@ async def stream(ctx: Context, ex: Exchange, fmt: Format, api: ApiRequest, job: 
     async def deliver(piece: str) -> bool:
         data = out.push(piece)
         if out.matched is not None:
-            reply.matched(job)  # (the pieces that still come are dropped)
+            reply.matched()  # (the pieces that still come are dropped)
         return await ex.send(data) if data else True
 
     async def keep_alive() -> bool:
