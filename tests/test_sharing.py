@@ -1,7 +1,7 @@
 """Prompt beginnings shared with a row in the batch (sharing.py) or with a row that has ended
 (prefixes.py's retained texts): found exactly (fuzzed against the plain definition), copied from
-the donor's slot or the retained keys instead of computed, a duplicate in the same step waiting
-one step for its donor's keys, the retained bytes bounded, requests of another cache_salt kept
+the donor's slot or the retained keys instead of computed, a duplicate in the same step joining
+in that step on its twin's keys and logits, the retained bytes bounded, requests of another cache_salt kept
 apart, and every text still that of the request alone: with the `exact` model in both dtypes, and
 the tiny real model in float32.
 
@@ -131,14 +131,14 @@ def each_alone(net, tokens, order):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_a_duplicate_waits_one_step_copies_its_donors_prompt_and_keeps_its_own_text(dtype):
+def test_a_duplicate_joins_in_its_twins_step_on_its_keys_and_logits_and_keeps_its_own_text(dtype):
     net = model_of(ExactModel(lm.load_tokenizer()).to(dtype))
     order = [0, 1, 0, 2, 1, 0]
     e, texts, first = engine(net, 10, order)
     ps = prompts()
-    # each prompt computed once: the three repeats copy all of it but their last token
-    assert e.batch.shared == sum(len(ps[k]) - 1 for k in (0, 1, 0))
-    assert [first[i] for i in range(len(order))] == [1, 1, 2, 1, 2, 2]  # a repeat: one step after its donor
+    # each prompt computed once: the three repeats copy all of it, their twin's last token's logits too
+    assert e.batch.shared == sum(len(ps[k]) for k in (0, 1, 0))
+    assert [first[i] for i in range(len(order))] == [1] * 6  # a repeat: in its twin's step, not one after
     assert texts == each_alone(net, 10, order)
 
 
@@ -157,18 +157,18 @@ def test_repeats_of_one_prompt_copy_it_and_learn_no_prefix_of_their_own(dtype):
     net = model_of(ExactModel(lm.load_tokenizer()).to(dtype))
     order = [0, 1, 0, 0]
     e, texts, first = engine(net, 10, order)
-    assert e.batch.shared == 2 * (len(prompts()[0]) - 1)  # not a kept prefix learned from the two repeats
+    assert e.batch.shared == 2 * len(prompts()[0])  # not a kept prefix learned from the two repeats
     assert len(e.batch.prefixes.known) == 1  # the system prompt, from the first step's two prompts
-    assert [first[i] for i in range(4)] == [1, 1, 2, 2]
+    assert [first[i] for i in range(4)] == [1, 1, 1, 1]
     assert texts == each_alone(net, 10, order)
 
 
-def test_a_donor_that_ends_at_its_first_token_leaves_its_beginning_to_its_repeats():
+def test_a_twin_that_ends_at_its_first_token_leaves_its_keys_to_its_repeats():
     net = model_of(ExactModel(lm.load_tokenizer()).to(torch.float32))
     order = [0, 0, 0]
     e, texts, first = engine(net, [1, 10, 10], order)
-    assert e.batch.shared == 2 * (len(prompts()[0]) - 1)
-    assert [first[i] for i in range(3)] == [1, 2, 2]
+    assert e.batch.shared == 2 * len(prompts()[0])
+    assert [first[i] for i in range(3)] == [1, 1, 1]
     assert texts == each_alone(net, [1, 10, 10], order)
 
 
@@ -178,9 +178,9 @@ def test_a_repeat_of_a_long_prompt_waits_for_its_chunks_and_copies_it_whole():
     long = len(prompts()[3])
     assert long > 2 * 128
     e, texts, first = engine(net, 6, order)
-    assert e.batch.shared == long - 1
+    assert e.batch.shared == long
     chunks = -(-long // 128)
-    assert [first[0], first[1]] == [chunks, chunks + 1]
+    assert [first[0], first[1]] == [chunks, chunks]  # joined at its twin's last chunk
     assert texts == each_alone(net, 6, order)
 
 
@@ -198,7 +198,7 @@ def test_what_waits_to_prefill_counts_a_repeat_once():
 
     system = len(common_prefix(ps[:2]))  # no prefix kept yet: the second copies the first's system prompt
     assert system >= PREFIX_MIN
-    assert asyncio.run(run()) == len(ps[0]) + len(ps[1]) - system + 2  # each repeat: its last token
+    assert asyncio.run(run()) == len(ps[0]) + len(ps[1]) - system  # a repeat: nothing, it rides on its twin
 
 
 def test_a_copied_beginning_in_the_tiny_real_model_gives_the_text_alone_in_float32():
@@ -288,8 +288,8 @@ def test_requests_share_keys_only_with_requests_of_the_same_cache_salt():
     ps = prompts()
     order, salts = [0, 0, 0, 0, 1, 1], [None, "a", "b", "a", "b", None]
     e, texts, first = engine(net, 10, order, salts=salts)
-    assert e.batch.shared == len(ps[0]) - 1  # only the second "a" copied (the repeat of its own salt)
-    assert [first[i] for i in range(len(order))] == [1, 1, 1, 2, 1, 1]
+    assert e.batch.shared == len(ps[0])  # only the second "a" copied (the repeat of its own salt)
+    assert [first[i] for i in range(len(order))] == [1] * 6
     # the system prompt, learned once for the two of no salt and once for the two of "b", not for "a"
     assert {salt for salt, _ in e.batch.prefixes.known} == {None, "b"}
     assert len(e.batch.prefixes.known) == 2

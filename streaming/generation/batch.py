@@ -16,7 +16,8 @@ it without a thread: rows admitted by hand, `step()` with a fake clock.
 - a prompt that shares a beginning with a row in the batch copies it from that row's slot (a
   kept system prompt from the kept prefixes), computing only the rest; if that beginning is
   still being computed in the other's slot, it waits and copies it then (sharing.py);
-- a prompt whose last piece is in gets its first token from that pass and joins the decoding rows;
+- a prompt whose last piece is in gets its first token from that pass and joins the decoding rows,
+  and so do its exact repeats not started (they copy its keys and sample from its logits);
 - a step of a few rows and no prompt carries guessed tokens after each row's next one, looked up
   in its own text (speculation.py), and the row keeps those its own draws choose anyway;
 - each row samples with its own seeded draws, temperature and top_p (sampling.choose_batch), and
@@ -188,7 +189,7 @@ class Batch:
         if not pieces and 0 < len(run) == len(self.rows) <= self.policy.speculate:  # a small batch, all running
             guess(run, self.policy.speculate, self.odds)
         if run or pieces:
-            self.forward(run, pieces)
+            self.forward(run, pieces, sharing.twins(pieces, self.joining))
 
     def drop_stopped(self) -> None:
         """The once-per-step check of every stop flag (a waiting row's too: it leaves its place)."""
@@ -248,9 +249,10 @@ class Batch:
         with self.lock:
             self.shared += copied
 
-    def forward(self, run: list[Row], pieces: list[tuple[Row, int]]) -> None:
+    def forward(self, run: list[Row], pieces: list[tuple[Row, int]], riders: list[tuple[Row, Row]]) -> None:
         """One forward pass: a token for each row in `run` (and its guesses after it, as a piece of
-        its own), the prompt pieces after them."""
+        its own), the prompt pieces after them; then each of `riders` joins on its twin's keys and
+        logits (sharing.twins)."""
         m = self.model.net
         plain, guessing = [r for r in run if not r.guesses], [r for r in run if r.guesses]
         with self.parts.timed("kv"):
@@ -276,6 +278,13 @@ class Batch:
         for r, n in pieces:
             r.filled += n
             r.length = r.filled
+        if riders:
+            logits = torch.cat((logits, logits[[len(logits) - len(joined) + joined.index(t) for _, t in riders]]))
+            with self.parts.timed("kv"):
+                copied = sum(sharing.ride(r, t, self.kv) for r, t in riders)
+            with self.lock:
+                self.shared += copied
+            joined += [r for r, _ in riders]
         for r in joined:
             self.joining.remove(r)
             self.rows.append(r)
