@@ -220,14 +220,11 @@ class Batch:
         slot, after the beginning it shares with a row in the batch (copied from its slot) or a
         kept shared beginning (learned from the prompts starting together). One whose shared
         beginning is still being computed in the other's slot waits for it, then copies it."""
-        fresh = [r for r in self.joining if r.slot is None]
-        if fresh:
+        if fresh := [r for r in self.joining if r.slot is None]:
             self.kv.fit(len(self.kv) + len(fresh), 1)  # every newcomer's slot at once: one copy, not one a step
-            distinct = list({(r.salt, tuple(r.ids)): r for r in fresh}.values())  # repeats copy their twin instead
-            group = distinct[: prefill_group([len(r.ids) for r in distinct], budget, self.chunk)]
-            for salt in dict.fromkeys(r.salt for r in group):  # each salt's own (prefixes.py: tenants apart)
+            for salt, group in starting(fresh, budget, self.chunk).items():
                 with self.parts.timed("prefill"):  # rare: a new shared beginning's own pass
-                    self.prefixes.learn(self.model.net, [r.ids for r in group if r.salt == salt], forward_kwargs, salt)
+                    self.prefixes.learn(self.model.net, group, forward_kwargs, salt)
         out: list[tuple[Row, int]] = []
         left = budget
         for row in self.joining:
@@ -279,12 +276,11 @@ class Batch:
             r.filled += n
             r.length = r.filled
         if riders:
-            logits = torch.cat((logits, logits[[len(logits) - len(joined) + joined.index(t) for _, t in riders]]))
             with self.parts.timed("kv"):
-                copied = sum(sharing.ride(r, t, self.kv) for r, t in riders)
+                logits, copied = board(riders, joined, logits, self.kv)
+            joined += [r for r, _ in riders]
             with self.lock:
                 self.shared += copied
-            joined += [r for r, _ in riders]
         for r in joined:
             self.joining.remove(r)
             self.rows.append(r)
@@ -322,6 +318,23 @@ class Batch:
                     self.start(row, donor, share)
             retire(gone, self.kv, self.prefixes)
         self.rows = [r for r in self.rows if not r.done]
+
+
+def starting(fresh: list[Row], budget: int, chunk: int) -> dict[str | None, list[list[int]]]:
+    """The prompts not started that this step's budget takes, by salt (each salt's prefixes its
+    own, prefixes.py: tenants apart), each once: the kept prefix is learned from them (a repeat
+    copies its twin instead)."""
+    distinct = list({(r.salt, tuple(r.ids)): r for r in fresh}.values())
+    group = distinct[: prefill_group([len(r.ids) for r in distinct], budget, chunk)]
+    return {salt: [r.ids for r in group if r.salt == salt] for salt in dict.fromkeys(r.salt for r in group)}
+
+
+def board(riders: list[tuple[Row, Row]], joined: list[Row], logits: Any, kv: SlotKV) -> tuple[Any, int]:
+    """After the pass, each rider (sharing.twins) takes a slot with its twin's keys, its row of
+    logits a copy of its twin's (the rows of `joined` are the last of `logits`): the logits with
+    the riders' after them, and the tokens copied."""
+    twins = [len(logits) - len(joined) + joined.index(t) for _, t in riders]
+    return torch.cat((logits, logits[twins])), sum(sharing.ride(r, t, kv) for r, t in riders)
 
 
 def spare_once(joining: collections.deque[Row]) -> list[Row]:
