@@ -75,6 +75,7 @@ import client
 from streaming import qoe
 from streaming.launch import Process, Server
 from streaming.model.bundled import converted_folder
+from streaming.model.busy import read_stat, stat_ticks
 
 LENGTHS = (50, 300)  # tokens an answer under Poisson arrivals: uniform
 BURST_TOKENS = 100  # tokens an answer in a burst
@@ -326,39 +327,24 @@ async def in_turn(port: int, requests, ours: bool, model: str | None, limit: flo
     return done, results, wall
 
 
-def stat_fields(path: str) -> list[str]:
-    """The fields of a /proc stat file after the command's name (state, ppid, ...); [] once it is gone."""
-    try:
-        with open(path) as f:
-            return f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return []
-
-
-def stat_ticks(path: str) -> int:
-    """utime + stime of a /proc stat file (a process's covers all its threads); 0 once it is gone."""
-    fields = stat_fields(path)
-    return int(fields[11]) + int(fields[12]) if fields else 0
-
-
 def children(pid: int) -> list[int]:
     """The processes whose parent is `pid` (an engine process, `--engine process`)."""
     return [
         int(entry)
         for entry in os.listdir("/proc")
-        if entry.isdigit() and (fields := stat_fields(f"/proc/{entry}/stat")) and int(fields[1]) == pid
+        if entry.isdigit() and (fields := read_stat(f"/proc/{entry}/stat")) and int(fields[1]) == pid
     ]
 
 
 def cpu_ticks(pid: int) -> int:
     """CPU ticks of a server and its child processes (an engine process works there)."""
-    return stat_ticks(f"/proc/{pid}/stat") + sum(stat_ticks(f"/proc/{c}/stat") for c in children(pid))
+    return sum(stat_ticks(read_stat(f"/proc/{p}/stat")) for p in (pid, *children(pid)))
 
 
 def loop_ticks(pid: int) -> int:
     """CPU ticks of a server's main thread: this server's event loop (the engine has threads, or a
     process, of its own)."""
-    return stat_ticks(f"/proc/{pid}/task/{pid}/stat")
+    return stat_ticks(read_stat(f"/proc/{pid}/task/{pid}/stat"))
 
 
 def ticks_over(servers: dict, seconds: float) -> dict:

@@ -36,6 +36,9 @@ alone can lose among the others, and the reverse), and the tables run against `l
 everywhere, and a quantized model's against its dense kernels (`check()`), which takes back the
 row counts where they lost twice (to the winner); the tables are kept after it. One process on a
 machine times at a time (`timing_alone`): timings taken beside another's are the contention's.
+Nor can the lock keep out other work (a peer loading, a test suite): tables timed while other
+processes kept more than busy.QUIET_CORES busy are kept with a warning and that figure, and timed
+again by the first load that finds the machine quiet (busy.py).
 
 Leaves out: GPUs and MPS (their libraries choose well: only the CPU is measured).
 """
@@ -59,7 +62,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from streaming.model import judging, locks
+from streaming.model import busy, judging, locks
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # row counts measured; a count between two takes the larger's kernel
 # The row count timed for every count past ROWS[-1]: what a prefill step runs (the qoe policy's
@@ -75,6 +78,14 @@ ROUNDS = 5  # timings of each candidate at each row count, judged by their media
 SAMPLE_BYTES = 64 << 20  # weights timed per shape: more than a CPU's last-level cache, as in a real step
 LOCK_FILE = "kernels.lock"  # in the kept tables' folder: one process times at a time (timing_alone)
 WAITING = "another process is timing its kernels on this machine: waiting for it"
+# The kept file's entry for the cores other processes kept busy while its tables were timed
+# (busy.py): past busy.QUIET_CORES they are timed again by the next load that finds the machine quiet.
+BESIDE = "timed beside other work (cores)"
+TIMED_BESIDE = "kernel timings taken beside other processes' work (%.2f cores): kept, and taken again by a load that finds the machine quiet"
+RETIMING = (
+    "the kept kernel tables were timed beside other work (%.2f cores); the machine is quiet now (%.2f): timing again"
+)
+STILL_BUSY = "the kept kernel tables were timed beside other work (%.2f cores), and the machine is busy now (%s): kept"
 MODES = ("measure", "linear")  # --kernels: measure at load (the default), or the plain product always
 
 
@@ -274,7 +285,8 @@ def measure(
     model (judging.tune, then judging.check). Returns the tables by shape (logged, and in
     /metrics). With a `folder`, the tables are kept there under a key of this CPU, this torch, its
     threads and the shapes, and read back by the next load (timing the bundled model takes ~13 s
-    here, judging and checking it in the model ~40 s); delete the file to time again."""
+    here, judging and checking it in the model ~40 s); delete the file to time again (those timed
+    beside other work are timed again by a load that finds the machine quiet: `again`)."""
     groups: dict[str, list[ChosenLinear]] = {}
     for m in model.modules():
         if isinstance(m, ChosenLinear):
@@ -282,7 +294,10 @@ def measure(
     counts = (*rows, PREFILL_ROWS)
     path = None if folder is None else folder / f"kernels-{machine_key(sorted(groups), rows)}.json"
     with timing_alone(folder):
-        kept = read_tables(path, {name: layers[0] for name, layers in groups.items()}, rows)
+        beside = busy.Watch()  # (from the lock on: a process timing before it is not counted)
+        kept, cores = read_tables(path, {name: layers[0] for name, layers in groups.items()}, rows)
+        if kept is not None and again(cores):
+            kept = None
         with torch.inference_mode():
             timed: dict[str, list[dict[str, float]]] = {}
             tables = dict(kept or {})
@@ -307,9 +322,19 @@ def measure(
                         elif t[i] not in KERNELS:  # (the dense rival forced only the quantized kernels)
                             t[i] = dense[name][i]
                 give(groups, tables)
-        if path is not None and not kept:
-            keep_tables(path, tables)
+        if path is not None and not kept:  # (under the lock: a load waiting on it reads them)
+            keep_tables(path, tables, beside.so_far())
     return tables
+
+
+def again(cores: float) -> bool:
+    """Whether kept tables timed beside other processes' `cores` are timed again now: where the
+    machine is quiet now (busy.now), else they serve until a load finds it so."""
+    if cores <= busy.QUIET_CORES:
+        return False
+    quiet = (now := busy.now()) is not None and now <= busy.QUIET_CORES
+    log.info(RETIMING if quiet else STILL_BUSY, cores, now)
+    return quiet
 
 
 def dense_table(timed: list[dict[str, float]], copying: tuple[str, ...]) -> list[str]:
@@ -374,14 +399,17 @@ def use(layers: list[ChosenLinear], table: list[str]) -> None:
                 setattr(layer, attribute, None)  # the timings' copy goes: no call will read it
 
 
-def keep_tables(path: Path, tables: dict[str, list[str]]) -> None:
-    """Write the tables for the next load; a cache that cannot be written (read-only, full) only
-    means timing again next time. A temporary file of this process's own, then a rename: two
-    replicas measuring at once each write whole files."""
+def keep_tables(path: Path, tables: dict[str, list[str]], beside: float | None = None) -> None:
+    """Write the tables for the next load, with the cores other processes kept busy while they
+    were timed (`beside`: a warning past busy.QUIET_CORES); a cache that cannot be written
+    (read-only, full) only means timing again next time. A temporary file of this process's own,
+    then a rename: two replicas measuring at once each write whole files."""
+    if beside is not None and beside > busy.QUIET_CORES:
+        log.warning(TIMED_BESIDE, beside)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(tables, indent=1))
+        tmp.write_text(json.dumps(tables if beside is None else {**tables, BESIDE: beside}, indent=1))
         tmp.replace(path)
     except OSError as e:
         log.warning("kernel timings not kept (%s): they are taken again at the next load", e)
@@ -430,25 +458,25 @@ def machine_key(shapes: list[str], rows: tuple[int, ...]) -> str:
 
 def read_tables(
     path: Path | None, groups: dict[str, ChosenLinear], rows: tuple[int, ...]
-) -> dict[str, list[str]] | None:
+) -> tuple[dict[str, list[str]] | None, float]:
     """Tables kept by an earlier load, if there is one for every group and each names, at each
-    row count, a kernel that group's layers can run there; else None (timed again)."""
-    if path is None or not path.is_file():
-        return None
+    row count, a kernel that group's layers can run there, else None (timed again); and the cores
+    other processes kept busy while they were timed (0 where the file does not say)."""
     try:
-        kept = json.loads(path.read_text())
+        kept = json.loads(path.read_text()) if path is not None and path.is_file() else None
     except (OSError, ValueError):
-        return None
+        return None, 0.0
     if not isinstance(kept, dict):
-        return None
+        return None, 0.0
+    cores = kept.pop(BESIDE, 0.0)
     for name, layer in groups.items():
         table = kept.get(name)
         if not isinstance(table, list) or len(table) != len(rows) + 1:
-            return None
+            return None, 0.0
         counts = (*rows, PREFILL_ROWS)
         if not all(isinstance(k, str) and k in layer.candidates(n) for k, n in zip(table, counts, strict=True)):
-            return None
-    return kept
+            return None, 0.0
+    return kept, float(cores) if isinstance(cores, (int, float)) else 0.0
 
 
 def timed_table(sample: list[ChosenLinear], rows: tuple[int, ...]) -> list[str]:
