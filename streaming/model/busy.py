@@ -1,6 +1,6 @@
 """How busy the rest of the machine is: the CPU time that other processes took over a span, in
-cores, from Linux's /proc (the whole machine's busy time in /proc/stat, less this process's own
-in /proc/self/stat, every thread of it).
+cores, from Linux's /proc (the busy time of the CPUs it may run on in /proc/stat, less this
+process's own in /proc/self/stat, every thread of it).
 
 Kernel timings taken beside other work are the contention's, and kept they would choose this
 machine's kernels for good (kernels.py): run58's w8a8 tables, timed while the benchmark's other
@@ -48,23 +48,33 @@ def stat_ticks(fields: list[str]) -> int:
     return int(fields[11]) + int(fields[12]) if len(fields) > 12 else 0
 
 
-def machine_ticks(text: str) -> int:
-    """Ticks every CPU spent busy, from /proc/stat's text: all but idle, iowait and steal (another
-    machine's, on a shared host) of its first line's."""
-    first = text.split("\n", 1)[0].split()
-    if not first or first[0] != "cpu":
+def machine_ticks(text: str, cpus: set[int] | None = None) -> int:
+    """Ticks spent busy, from /proc/stat's text, on the CPUs `cpus` (all where None): all but idle
+    and iowait of their lines. Steal counts as busy: on a virtual machine it is the host giving
+    the CPU to another guest, contention as much as a process here is."""
+    total, seen = 0, False
+    for line in text.splitlines():
+        fields = line.split()
+        if not fields or not fields[0].startswith("cpu") or fields[0] == "cpu":
+            continue
+        if cpus is not None and int(fields[0][3:]) not in cpus:
+            continue
+        values = [int(v) for v in fields[1:9]]
+        user, nice, system, _idle, _iowait, irq, softirq, steal = values + [0] * (8 - len(values))
+        total, seen = total + user + nice + system + irq + softirq + steal, True
+    if not seen:
         raise ValueError("not /proc/stat")
-    values = [int(v) for v in first[1:9]]
-    user, nice, system, _idle, _iowait, irq, softirq, _steal = values + [0] * (8 - len(values))
-    return user + nice + system + irq + softirq
+    return total
 
 
 def ticks() -> tuple[int, int] | None:
-    """(the machine's busy ticks, this process's own), or None without /proc."""
+    """(busy ticks of the CPUs this process may run on, this process's own), or None without /proc.
+    Only its own CPUs: in a container given two of a host's many, the others' work is not its."""
     try:
+        cpus = os.sched_getaffinity(0)
         with open("/proc/stat") as f:
-            machine = machine_ticks(f.read())
-    except (OSError, ValueError):
+            machine = machine_ticks(f.read(), cpus)
+    except (OSError, ValueError, AttributeError):  # (AttributeError: no sched_getaffinity, macOS)
         return None
     return machine, stat_ticks(read_stat("/proc/self/stat"))
 

@@ -27,7 +27,7 @@ model's one-row step in bfloat16 from 92 to 63 ms, every layer choosing it. At e
 where torch has oneDNN, `dnn` multiplies by a copy of the weight laid out once in oneDNN's
 blocked format (`linear` lays the plain weight out again at every call): on the Xeon with AMX it
 took a 64-row bfloat16 step from 140 to 110 ms, and on the AMD EPYC without AMX a one-row step
-from 71 to 51 ms (a candidate from two rows only until FORMAT kernels-9). A copy that a table keeps for some row counts is
+from 71 to 51 ms (a candidate from two rows only until the tables' format kernels-9). A copy that a table keeps for some row counts is
 judged at the plain margin at the others, from the same timings (`table_of`: its memory is paid once).
 
 Then the whole model judges them (judging.py): at each row count, each kernel close to its
@@ -38,7 +38,7 @@ row counts where they lost twice (to the winner); the tables are kept after it. 
 machine times at a time (`timing_alone`): timings taken beside another's are the contention's.
 Nor can the lock keep out other work (a peer loading, a test suite): tables timed while other
 processes kept more than busy.QUIET_CORES busy are kept with a warning and that figure, and timed
-again by the first load that finds the machine quiet (busy.py).
+again, once, by the first load that finds the machine quiet (busy.py).
 
 Leaves out: GPUs and MPS (their libraries choose well: only the CPU is measured).
 """
@@ -73,7 +73,9 @@ ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # row counts measured; a count betwee
 PREFILL_ROWS = 512
 MARGIN = 0.97  # a kernel replaces `linear` only when its median time is at most 97% of linear's (noise)
 COPY_MARGIN = 0.9  # one that keeps a copy of the weight (COPYING), at most 90%: it costs memory
-FORMAT = "kernels-9"  # the kept file's format: a change of it, or of what is timed, times again
+# The kept file's format: a change of it, or of what is timed, times again. kernels-10: the file
+# says how busy the machine was (BESIDE, AGAIN), which a build reading kernels-9 took for a table.
+FORMAT = "kernels-10"
 ROUNDS = 5  # timings of each candidate at each row count, judged by their median
 SAMPLE_BYTES = 64 << 20  # weights timed per shape: more than a CPU's last-level cache, as in a real step
 LOCK_FILE = "kernels.lock"  # in the kept tables' folder: one process times at a time (timing_alone)
@@ -81,6 +83,7 @@ WAITING = "another process is timing its kernels on this machine: waiting for it
 # The kept file's entry for the cores other processes kept busy while its tables were timed
 # (busy.py): past busy.QUIET_CORES they are timed again by the next load that finds the machine quiet.
 BESIDE = "timed beside other work (cores)"
+AGAIN = "timed again"  # (true once timed again: a machine never quiet for a timing is not timed at every load)
 TIMED_BESIDE = "kernel timings taken beside other processes' work (%.2f cores): kept, and taken again by a load that finds the machine quiet"
 RETIMING = (
     "the kept kernel tables were timed beside other work (%.2f cores); the machine is quiet now (%.2f): timing again"
@@ -295,8 +298,9 @@ def measure(
     path = None if folder is None else folder / f"kernels-{machine_key(sorted(groups), rows)}.json"
     with timing_alone(folder):
         beside = busy.Watch()  # (from the lock on: a process timing before it is not counted)
-        kept, cores = read_tables(path, {name: layers[0] for name, layers in groups.items()}, rows)
-        if kept is not None and again(cores):
+        kept, cores, retimed = read_tables(path, {name: layers[0] for name, layers in groups.items()}, rows)
+        timing_again = kept is not None and not retimed and again(cores)
+        if timing_again:
             kept = None
         with torch.inference_mode():
             timed: dict[str, list[dict[str, float]]] = {}
@@ -323,7 +327,7 @@ def measure(
                             t[i] = dense[name][i]
                 give(groups, tables)
         if path is not None and not kept:  # (under the lock: a load waiting on it reads them)
-            keep_tables(path, tables, beside.so_far())
+            keep_tables(path, tables, beside.so_far(), timing_again)
     return tables
 
 
@@ -399,17 +403,17 @@ def use(layers: list[ChosenLinear], table: list[str]) -> None:
                 setattr(layer, attribute, None)  # the timings' copy goes: no call will read it
 
 
-def keep_tables(path: Path, tables: dict[str, list[str]], beside: float | None = None) -> None:
+def keep_tables(path: Path, tables: dict[str, list[str]], beside: float | None = None, retimed: bool = False) -> None:
     """Write the tables for the next load, with the cores other processes kept busy while they
-    were timed (`beside`: a warning past busy.QUIET_CORES); a cache that cannot be written
-    (read-only, full) only means timing again next time. A temporary file of this process's own,
-    then a rename: two replicas measuring at once each write whole files."""
+    were timed (`beside`: a warning past busy.QUIET_CORES) and whether they were timed again; a
+    cache that cannot be written (read-only, full) only means timing again next time. A temporary
+    file of this process's own, then a rename: two replicas measuring at once each write whole files."""
     if beside is not None and beside > busy.QUIET_CORES:
         log.warning(TIMED_BESIDE, beside)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(tables if beside is None else {**tables, BESIDE: beside}, indent=1))
+        tmp.write_text(json.dumps({**tables, BESIDE: beside or 0.0, AGAIN: retimed}, indent=1))
         tmp.replace(path)
     except OSError as e:
         log.warning("kernel timings not kept (%s): they are taken again at the next load", e)
@@ -458,25 +462,27 @@ def machine_key(shapes: list[str], rows: tuple[int, ...]) -> str:
 
 def read_tables(
     path: Path | None, groups: dict[str, ChosenLinear], rows: tuple[int, ...]
-) -> tuple[dict[str, list[str]] | None, float]:
+) -> tuple[dict[str, list[str]] | None, float, bool]:
     """Tables kept by an earlier load, if there is one for every group and each names, at each
-    row count, a kernel that group's layers can run there, else None (timed again); and the cores
-    other processes kept busy while they were timed (0 where the file does not say)."""
+    row count, a kernel that group's layers can run there, else None (timed again); the cores
+    other processes kept busy while they were timed (0 where the file does not say); and whether
+    they were timed again already."""
     try:
         kept = json.loads(path.read_text()) if path is not None and path.is_file() else None
     except (OSError, ValueError):
-        return None, 0.0
+        return None, 0.0, False
     if not isinstance(kept, dict):
-        return None, 0.0
-    cores = kept.pop(BESIDE, 0.0)
+        return None, 0.0, False
+    counts = (*rows, PREFILL_ROWS)
     for name, layer in groups.items():
         table = kept.get(name)
-        if not isinstance(table, list) or len(table) != len(rows) + 1:
-            return None, 0.0
-        counts = (*rows, PREFILL_ROWS)
+        if not isinstance(table, list) or len(table) != len(counts):
+            return None, 0.0, False
         if not all(isinstance(k, str) and k in layer.candidates(n) for k, n in zip(table, counts, strict=True)):
-            return None, 0.0
-    return kept, float(cores) if isinstance(cores, (int, float)) else 0.0
+            return None, 0.0, False
+    cores = kept.get(BESIDE)
+    cores = float(cores) if isinstance(cores, (int, float)) else 0.0
+    return {name: kept[name] for name in groups}, cores, kept.get(AGAIN) is True
 
 
 def timed_table(sample: list[ChosenLinear], rows: tuple[int, ...]) -> list[str]:
