@@ -10,9 +10,9 @@ a long prompt a chunk a step), the prompt waits for it rather than computing it 
 that leaves first hands it over on its way out (`inherit`). An exact repeat of a prompt that the
 step's pass completes (its twin) waits for nothing: after the pass it copies all of the twin's
 keys and takes its first token from the twin's logits (`twins`, `ride`), so it joins in the same
-step instead of a step later for one token (a burst of 48 joined in a third pass of 9-12 such). The benchmark's burst of 48 chat
-prompts, drawn from prompts.json's 20, had ~2,300 prompt tokens past the system prompt, ~900
-of them distinct.
+step instead of a step later for one token (a burst of 48 joined in a third pass of 9-12 such).
+The benchmark's burst of 48 chat prompts, drawn from prompts.json's 20, had ~2,300 prompt tokens
+past the system prompt, ~900 of them distinct.
 
 Plain functions over token ids, rows (anything with ids, a slot and its fill), the slots and the
 kept prefixes: no threads, no model (batch.py calls them; the tests drive them directly).
