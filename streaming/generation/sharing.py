@@ -102,9 +102,11 @@ def twins(pieces: Iterable[tuple[R, int]], joining: Iterable[R]) -> list[tuple[R
     for r, n in pieces:
         if r.filled + n == len(r.ids):
             ending.setdefault((r.salt, len(r.ids)), []).append(r)
+    if not ending:  # (a decode step: the prompts waiting are not walked)
+        return []
     out = []
     for row in joining:
-        if row.slot is None and ending:
+        if row.slot is None:
             twin = next((t for t in ending.get((row.salt, len(row.ids)), ()) if t.ids == row.ids), None)
             if twin is not None:
                 out.append((row, twin))
