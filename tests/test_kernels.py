@@ -92,27 +92,12 @@ def test_every_kernel_computes_the_linear_product_at_every_row_count(dtype, name
 
 def test_a_layer_runs_what_its_table_names_for_the_row_count_and_the_prefills_past_it():
     chosen = ChosenLinear(layer(torch.float32, bias=False))
-    chosen.table = ["linear", "wxt", "wxt", "linear", "linear", "wxt", "linear", "wxt", "linear"]
+    chosen.table = ["linear", "wxt", "wxt", "linear", "linear", "wxt", "xwt", "linear", "wxt", "linear"]
     assert chosen.prefill == "linear"  # until measured
     chosen.prefill = "f32"
-    counts = (1, 2, 3, 4, 5, 8, 17, 32, 64, 65, 128, 129, 256, 257, 4096)
-    assert [chosen.pick(n) for n in counts] == [
-        "linear",
-        "wxt",
-        "wxt",
-        "wxt",
-        "linear",
-        "linear",
-        "wxt",
-        "wxt",
-        "linear",
-        "wxt",
-        "wxt",
-        "linear",
-        "linear",
-        "f32",
-        "f32",
-    ]
+    counts = (1, 2, 3, 4, 5, 8, 17, 32, 33, 48, 49, 64, 65, 128, 129, 256, 257, 4096)
+    picks = ["linear", "wxt", "wxt", "wxt", "linear", "linear", "wxt", "wxt", "xwt", "xwt", "linear", "linear"]
+    assert [chosen.pick(n) for n in counts] == [*picks, "wxt", "wxt", "linear", "linear", "f32", "f32"]
     chosen.fixed = "wxt"
     assert chosen.pick(4096) == "wxt"
     x = torch.randn(3, 5, 96)  # (batch, tokens, features): rows are batch x tokens
@@ -528,7 +513,7 @@ def test_a_copy_kept_for_some_row_counts_wins_at_the_plain_margin_at_the_others_
 
     monkeypatch.setattr(kernels, "timings", fake)
     table = kernels.timed_table([chosen], ROWS)
-    assert table == ["mv", *["wxt"] * 5, "dnn", "dnn", "dnn", "dnn"]  # 2-32: "wxt" won at either margin
+    assert table == ["mv", *["wxt"] * 6, "dnn", "dnn", "dnn", "dnn"]  # 2-48: "wxt" won at either margin
     assert calls == [*ROWS, kernels.PREFILL_ROWS]
     calls.clear()
     monkeypatch.setattr(kernels, "timings", lambda sample, rows: calls.append(rows) or even(sample, rows))
