@@ -10,7 +10,7 @@ are even. And torch's int8 weight kernel (`_weight_int8pack_mm`, quant.py) wins 
 an AVX-512 machine but on this AVX2 one is 2x slower than dense at 1 row and 40x at 32.
 
 So nothing is assumed: at load, `measure()` times each candidate kernel on the model's own
-weights (enough of them that they do not sit in the cache) at 1, 2, 4, ... 32, 48, 64 ... ROWS[-1] rows, and each
+weights (enough of them that they do not sit in the cache) at each row count of ROWS, and each
 layer gets a table: the kernel for each row count, the plain `linear` unless another is faster
 by a margin (MARGIN; COPY_MARGIN for one that costs memory); past ROWS[-1] rows (prefills) the
 kernel timed at PREFILL_ROWS. The tables are kept on disk, so
@@ -67,8 +67,8 @@ from streaming.model import busy, judging, locks
 # Row counts measured; a count between two takes the larger's kernel. 48 splits 33-64, where a
 # burst's decode steps run: on the AMD EPYC without AMX, w8a8's own product for the gate and up
 # product and the output layer took whole 48-row steps from 187.0 to 171.5 ms (40 rows: 160.8 to
-# 154.5) and 56- and 64-row ones from 220.8 to 238.5 and 239.8 to 260.9, so the one table timed at
-# 64 ran the dense kernels at 48 too, and w8a8 gained nothing there over bfloat16.
+# 154.5) and 56- and 64-row ones from 220.8 to 238.5 and 239.8 to 260.9: a choice judged at 64
+# fit 48 only by chance (one timing chose the dense kernels there, as bfloat16's tables, another w8a8's).
 ROWS = (1, 2, 4, 8, 16, 32, 48, 64, 128, 256)
 # The row count timed for every count past ROWS[-1]: what a prefill step runs (the qoe policy's
 # MAX_PREFILL prompt tokens, with the decoding rows). Timed at 256 and used for everything past 64,
