@@ -395,7 +395,7 @@ def merge(out, name, result):
 
 
 def profile(args):
-    """Where a step's time goes: one decode step of the model at batch sizes 1 to 64 (a 64-token
+    """Where a step's time goes: one decode step of the model at PROFILE_BATCHES (a 64-token
     context) with the kernels measured at load (streaming/model/kernels.py) and with F.linear
     everywhere, and torch.profiler's top operators at batch 16."""
     import torch
@@ -426,7 +426,7 @@ def profile(args):
     # the first steps of a fresh process touch the weights' pages and oneDNN's caches: a batch of
     # one timed first took 104 ms a step against 78 right after (AMD EPYC, bfloat16): one discarded
     timed(1)
-    for b in (1, 2, 4, 8, 16, 32, 64):
+    for b in PROFILE_BATCHES:
         chosen, plain = timed(b)  # the same weights, F.linear forced
         out["step_ms"][b], out["linear_ms"][b] = chosen, plain
         print(
@@ -478,6 +478,9 @@ def decode_step(m, c, b):
         sync()
 
 
+# profile's batch sizes: the kernel tables' row counts (kernels.ROWS) that decode steps run here,
+# 48 among them (the issue's burst, timed as a band of its own since the tables have it)
+PROFILE_BATCHES = (1, 2, 4, 8, 16, 32, 48, 64)
 STEP_ROUNDS = 4  # profile: decode steps timed per kernel choice and batch size (after one to warm up)
 PARTS_CONTEXT = 300  # tokens of each row's context in the engine's step profile (the issue's "32 rows of 300")
 PARTS_STEPS = 4  # steps timed per batch size
@@ -507,7 +510,7 @@ def engine_parts(lm, out):
         flush=True,
     )
     asyncio.run(parts_at(lm, 1, ids, chats, params))  # the engine's first steps warm it: discarded
-    for b in (1, 2, 4, 8, 16, 32, 64):
+    for b in PROFILE_BATCHES:
         t = asyncio.run(parts_at(lm, b, ids, chats, params))
         result[b] = t
         a, h = t["all"], t["half"]
