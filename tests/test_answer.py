@@ -197,23 +197,29 @@ def test_silence_calls_the_keep_alive_and_a_failed_one_means_the_reader_left():
     assert len(pings) == 3 and answer.left and job.reason == "stopped" and answer.produced == 0
 
 
-def test_stop_strings_end_the_answer_with_the_text_before_them():
+def test_a_stop_string_found_by_the_delivery_ends_the_answer_and_its_count():
+    """As the APIs' streams do (v1.stream): the delivery finds the stop string and says matched();
+    the job stops, the pieces that still come go nowhere, and the usage counts the pieces taken."""
     from streaming.wire.stops import StopMatcher
 
     async def run():
         a, _ = answers()
-        job, got = ScriptedJob(["Hel", "lo", " wo", "rld", "!"]).start(), []
+        job, got, matcher = ScriptedJob(["Hel", "lo", " wo", "rld", "!"]).start(), [], StopMatcher(["o w"])
 
         async def deliver(text):
-            got.append(text)
+            if matcher.matched is None:
+                got.append(matcher.push(text))
+                if matcher.matched is not None:
+                    answer.matched()
             return True
 
         async with Answer(a, job, "/v1/chat/completions") as answer:
-            matched = await answer.relay(deliver, matcher=StopMatcher(["o w"]))
-        return got, matched, job
+            await answer.relay(deliver)
+        return got, matcher.matched, job, answer
 
-    got, matched, job = asyncio.run(run())
+    got, matched, job, answer = asyncio.run(run())
     assert "".join(got) == "Hell" and matched == "o w" and job.stop.is_set()
+    assert answer.matched_at is not None and answer.counted() <= answer.matched_at
 
 
 # --- errors: the job's failure, before the head and after it, and the shutdown's cut -----------

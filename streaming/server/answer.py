@@ -38,7 +38,6 @@ from streaming.server.merging import Merging
 from streaming.server.metrics import Metrics
 from streaming.server.state import Phase, ServerState
 from streaming.wire.errors import InvalidRequest, ProtocolError
-from streaming.wire.stops import StopMatcher
 
 SHUTTING_DOWN = "the server is shutting down"
 FAILED = "generation failed (the server's log says why)"  # never the exception's own text: the log has it
@@ -239,33 +238,27 @@ class Answer:
         self,
         deliver: Deliver,
         keep_alive: KeepAlive | None = None,
-        matcher: StopMatcher | None = None,
         merging: Merging | None = None,
         outlet: Outlet | None = None,
-    ) -> str | None:
-        """Deliver the pieces as events (through `matcher`, the request's stop strings, if given),
-        with keep_alive() during silence, until the job ends. `merging` says how many pieces go
+    ) -> None:
+        """Deliver the pieces as events, with keep_alive() during silence, until the job ends. `merging` says how many pieces go
         as one event (default: one each); `outlet`, the reader's socket, says whether the reader
         is behind, for adaptive merging. Text held for an interval goes at a keep-alive's time
         instead of it. A delivery that fails means the reader is gone: `left`, and the job stops
-        (with --naive it goes on, for nobody). Returns the stop string that ended the answer, if
-        one did."""
+        (with --naive it goes on, for nobody). A stop string is the delivery's to find (the APIs'
+        streams, v1.py): it calls matched(), and the pieces that still come go nowhere."""
         merging = merging if merging is not None else Merging(adaptive=False)
 
         async def send() -> bool:
-            """What is held, as one event; False: the answer ends here (the reader left, a stop string)."""
+            """What is held, as one event; False: the answer ends here (the reader left)."""
             text = merging.take()
-            out = matcher.push(text) if matcher else text
-            if out:
+            if text:
                 merging.sent()
-                if not await deliver(out):
+                if not await deliver(text):
                     self.left = True
                     if not self.naive:
                         self.job.stop.set()
                         return False
-            if matcher is not None and matcher.matched is not None:
-                self.matched()
-                return False
             return True
 
         async def silence() -> bool:
@@ -291,6 +284,3 @@ class Answer:
                 break
         if merging.held and not self.left:  # the end of an interval cut short by the answer's end
             await send()
-        if matcher is not None and not self.left and (rest := matcher.flush()):
-            self.left = not await deliver(rest)
-        return matcher.matched if matcher is not None else None
