@@ -18,7 +18,7 @@ import lm
 import server
 from streaming.generation.batched import BatchedJob, BatchEngine
 from streaming.generation.policy import Fifo, Qoe
-from streaming.generation.speculation import GUESS_COST, MAX_SPECULATE, SPECULATE, Lookup, Odds, kept
+from streaming.generation.speculation import GUESS_COST, MAX_SPECULATE, SPECULATE, STALE_PASSES, Lookup, Odds, kept
 from streaming.generation.thread import ThreadJob
 from streaming.model.testing import EchoModel, ExactModel
 from streaming.wire.params import GenerationParams
@@ -86,6 +86,18 @@ def test_the_odds_give_a_step_the_guesses_that_pay_by_the_engines_own_counts_and
     for _ in range(200):  # and a first guess always kept, the rest never: one
         missed.guessed(2, 4, 1)
     assert missed.shares([(2, 4)]) == [1]
+
+
+def test_a_width_priced_out_by_one_slow_pass_is_tried_again_once_its_cost_is_old():
+    odds = Odds()
+    odds.passed(5, 0.2)  # one slow 5-token pass (the machine busy): 4 guesses look dear
+    for _ in range(STALE_PASSES):
+        odds.passed(1, 0.05)
+    assert odds.shares([(3, 4)]) == [2]  # 3 and 4 tokens estimated from the nearest measured width
+    odds.passed(1, 0.05)  # the 5-token cost is older than STALE_PASSES passes: forgotten
+    assert 5 not in odds.seconds and odds.shares([(3, 4)]) == [4]  # estimated from one token's: tried again
+    odds.passed(5, 0.055)  # and measured again, at what it costs now
+    assert odds.seconds[5] == 0.055 and odds.shares([(3, 4)]) == [4]
 
 
 def conversation(message):

@@ -47,6 +47,11 @@ LOOKUP_WINDOW = 4096
 PRIOR_WEIGHT = 20  # the prior counts as this many observations of each
 GUESS_COST = 0.09  # a guess's share of a one-token pass until passes are measured (fp16, AVX2: +9%; w8a8 +17%)
 COST_WEIGHT = 0.1  # the latest pass's weight in its moving average (the machine drifts)
+# A width's cost not measured again within this many passes is forgotten (estimated from the nearest
+# width measured since): a width is measured only when chosen, so one slow pass (the machine busy,
+# a first touch) kept it unchosen for good: bfloat16's first 5-token pass cost 60.6 ms against
+# 45.9 later, and a lone row carried 3 guesses where 4 paid, answer after answer
+STALE_PASSES = 64
 
 
 def prior(p: Sequence[float], j: int) -> float:
@@ -63,16 +68,27 @@ class Odds:
     kept with all before it (counts over the prior), and what a pass of t tokens costs (moving
     averages of the engine's own passes, by the tokens in them). `shares`: how many of the guesses
     proposed for a step's rows give it the most tokens a second, none where none pays (w8a8 on the
-    AVX2 kind: dear passes, rarer hits)."""
+    AVX2 kind: dear passes, rarer hits). A width's cost unmeasured for STALE_PASSES passes is
+    forgotten, so a width one slow pass priced out is tried again."""
 
     def __init__(self) -> None:
         self.offered = [[float(PRIOR_WEIGHT)] * MAX_SPECULATE for _ in PRIOR]
         self.hits = [[PRIOR_WEIGHT * prior(p, j) for j in range(MAX_SPECULATE)] for p in PRIOR]
         self.seconds: dict[int, float] = {}  # tokens in a pass -> its cost lately
+        self.measured: dict[int, int] = {}  # tokens in a pass -> the pass (counted in `passes`) that last measured it
+        self.passes = 0
 
     def passed(self, tokens: int, seconds: float) -> None:
+        self.passes += 1
+        self.forget()
         was = self.seconds.get(tokens)
         self.seconds[tokens] = seconds if was is None else was + COST_WEIGHT * (seconds - was)
+        self.measured[tokens] = self.passes
+
+    def forget(self) -> None:
+        """Drop the widths not measured within STALE_PASSES passes (cost() estimates them again)."""
+        for tokens in [t for t, at in self.measured.items() if self.passes - at > STALE_PASSES]:
+            del self.seconds[tokens], self.measured[tokens]
 
     def guessed(self, match: int, guesses: int, kept_guesses: int) -> None:
         match = min(match, len(PRIOR) - 1)
