@@ -179,12 +179,22 @@ class Outlet:
 
 
 def relay(pieces, merging, every=0.0, stops=None, outlet=None, ping=15.0):
+    """Answer.relay's events; with `stops`, found in the delivery as the APIs' streams find them
+    (v1.stream): matched() ends the answer, and what the matcher held back goes at the end."""
+
     async def go():
         a = Answers(Metrics(lambda: 0, lambda: 0, lambda: 0), ServerState(), ping, False)
-        job, got = QueuedJob(pieces, every).start(), []
+        job, got, matcher = QueuedJob(pieces, every).start(), [], StopMatcher(stops or [])
 
         async def deliver(text):
-            got.append(text)
+            if stops:
+                if matcher.matched is not None:
+                    return True  # (the pieces that still come go nowhere)
+                text = matcher.push(text)
+                if matcher.matched is not None:
+                    answer.matched()
+            if text:
+                got.append(text)
             if outlet is not None:
                 outlet.events += 1
             return True
@@ -194,8 +204,10 @@ def relay(pieces, merging, every=0.0, stops=None, outlet=None, ping=15.0):
             return True
 
         async with Answer(a, job, "/stream") as answer:
-            matched = await answer.relay(deliver, keep_alive, StopMatcher(stops) if stops else None, merging, outlet)
-        return got, matched, answer
+            await answer.relay(deliver, keep_alive, merging, outlet)
+            if stops and matcher.matched is None and (rest := matcher.flush()):
+                got.append(rest)
+        return got, matcher.matched if stops else None, answer
 
     return asyncio.run(go())
 
