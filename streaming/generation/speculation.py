@@ -49,8 +49,8 @@ GUESS_COST = 0.09  # a guess's share of a one-token pass until passes are measur
 COST_WEIGHT = 0.1  # the latest pass's weight in its moving average (the machine drifts)
 # A width's cost not measured again within this many passes is forgotten (estimated from the nearest
 # width measured since): a width is measured only when chosen, so one slow pass (the machine busy,
-# a first touch) kept it unchosen for good: bfloat16's first 5-token pass cost 60.6 ms against
-# 45.9 later, and a lone row carried 3 guesses where 4 paid, answer after answer
+# a first touch) kept it unchosen: bfloat16's first 5-token pass in a process cost 60.6 ms
+# against 45.9 later, and a lone row carried 3 guesses where 4 paid over its first three answers
 STALE_PASSES = 64
 
 

@@ -241,12 +241,13 @@ class Answer:
         merging: Merging | None = None,
         outlet: Outlet | None = None,
     ) -> None:
-        """Deliver the pieces as events, with keep_alive() during silence, until the job ends. `merging` says how many pieces go
-        as one event (default: one each); `outlet`, the reader's socket, says whether the reader
-        is behind, for adaptive merging. Text held for an interval goes at a keep-alive's time
-        instead of it. A delivery that fails means the reader is gone: `left`, and the job stops
-        (with --naive it goes on, for nobody). A stop string is the delivery's to find (the APIs'
-        streams, v1.py): it calls matched(), and the pieces that still come go nowhere."""
+        """Deliver the pieces as events, with keep_alive() during silence, until the job ends.
+        `merging` says how many pieces go as one event (default: one each); `outlet`, the reader's
+        socket, says whether the reader is behind, for adaptive merging. Text held for an interval
+        goes at a keep-alive's time instead of it. A delivery that fails means the reader is gone:
+        `left`, and the job stops (with --naive it goes on, for nobody). A stop string is the
+        delivery's to find (the APIs' streams, v1.py): it calls matched(), and the pieces that
+        still come go nowhere."""
         merging = merging if merging is not None else Merging(adaptive=False)
 
         async def send() -> bool:
