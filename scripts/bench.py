@@ -395,7 +395,7 @@ def merge(out, name, result):
 
 
 def profile(args):
-    """Where a step's time goes: one decode step of the model at PROFILE_BATCHES (a 64-token
+    """Where a step's time goes: one decode step of the model at profile_batches() (a 64-token
     context) with the kernels measured at load (streaming/model/kernels.py) and with F.linear
     everywhere, and torch.profiler's top operators at batch 16."""
     import torch
@@ -426,7 +426,7 @@ def profile(args):
     # the first steps of a fresh process touch the weights' pages and oneDNN's caches: a batch of
     # one timed first took 104 ms a step against 78 right after (AMD EPYC, bfloat16): one discarded
     timed(1)
-    for b in PROFILE_BATCHES:
+    for b in profile_batches():
         chosen, plain = timed(b)  # the same weights, F.linear forced
         out["step_ms"][b], out["linear_ms"][b] = chosen, plain
         print(
@@ -450,6 +450,14 @@ def profile(args):
         out["top_kernels_batch16"] = table
     client.save(Path(args.results) / "profile.json", out)
     return out
+
+
+def profile_batches() -> tuple[int, ...]:
+    """profile's batch sizes: the kernel tables' row counts (kernels.ROWS) up to PROFILE_MOST, so
+    each band's own kernels are shown (48 among them since the tables time it: a burst of 48)."""
+    from streaming.model import kernels
+
+    return tuple(r for r in kernels.ROWS if r <= PROFILE_MOST)
 
 
 def batch_cache(m, ids, b):
@@ -478,9 +486,7 @@ def decode_step(m, c, b):
         sync()
 
 
-# profile's batch sizes: the kernel tables' row counts (kernels.ROWS) that decode steps run here,
-# 48 among them (the issue's burst, timed as a band of its own since the tables have it)
-PROFILE_BATCHES = (1, 2, 4, 8, 16, 32, 48, 64)
+PROFILE_MOST = 64  # profile: the largest batch timed, as since it began (batched.MAX_BATCH, a CPU's default)
 STEP_ROUNDS = 4  # profile: decode steps timed per kernel choice and batch size (after one to warm up)
 PARTS_CONTEXT = 300  # tokens of each row's context in the engine's step profile (the issue's "32 rows of 300")
 PARTS_STEPS = 4  # steps timed per batch size
@@ -510,7 +516,7 @@ def engine_parts(lm, out):
         flush=True,
     )
     asyncio.run(parts_at(lm, 1, ids, chats, params))  # the engine's first steps warm it: discarded
-    for b in PROFILE_BATCHES:
+    for b in profile_batches():
         t = asyncio.run(parts_at(lm, b, ids, chats, params))
         result[b] = t
         a, h = t["all"], t["half"]
