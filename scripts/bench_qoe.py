@@ -83,8 +83,8 @@ SINGLE = 200  # tokens of the one-reader measurement
 # Answers the one-reader measurement takes, in turn: their tokens a second together (the first
 # prompts of prompts.json). Six, not three: w8a8's tokens kept a step over the same three answers
 # moved 1.41-1.61 in one process, 1.47-1.81 through one server (its text changes with the widths
-# its passes run), which
-# put §4's lone-reader judge (against_dense) on a coin: 1.24x bfloat16 at run62's start, 0.93x at its end
+# its passes run), which put §4's lone-reader judge (against_dense) on a coin: 1.24x bfloat16 at
+# run62's start, 0.93x at its end
 SINGLE_PROMPTS = 6
 TEMPERATURE, TOP_P = 0.7, 0.9
 # requests a second (Poisson): up to past twice the peer's sustainable rate (0.5-0.7/s here), which
